@@ -1,0 +1,41 @@
+"""sptlib: self-pretraining (SPT) and fair comparison of long-sequence models in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+# Pins that install together on Python 3.11 (see README); TensorFlow and TensorBoard are needed by
+# clu's metric writers and by TFDS dataset preparation only.
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "grain==0.2.18",
+    "tensorflow-datasets==4.9.10",
+    "ml-collections==1.1.0",
+    "clu==0.0.12",
+    "tensorflow-cpu==2.21.0",
+    "tensorboard==2.21.0",
+    "absl-py",
+    "etils[epath]",
+    "numpy",
+    "pillow",
+    "tqdm",
+    "matplotlib",
+]
+
+setup(
+    name="sptlib",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11",
+    packages=find_packages(include=["sptlib", "sptlib.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": ["pytest", "pytest-xdist", "pytest-timeout"]},
+    entry_points={
+        "console_scripts": [
+            "spt-train=sptlib.main:run",
+            "spt-compare=sptlib.compare:run",
+        ]
+    },
+)

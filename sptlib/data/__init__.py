@@ -1,0 +1,1 @@
+"""Data: LRA readers and TFDS builders, generators, offline data, tokenisers, grain pipelines."""

@@ -1,0 +1,1 @@
+"""Pure-jnp SSM kernels and FFT convolution (no Flax, no TensorFlow)."""

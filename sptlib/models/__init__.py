@@ -1,0 +1,1 @@
+"""Complete models: encoder -> backbone (stack of residual blocks) -> head."""

@@ -1,0 +1,52 @@
+"""The model section of every experiment config (`config.model`), with a comment per field.
+
+`sptlib.models.build_model(config.model, head)` turns it into a Linen module. Mixer-specific
+options live in a sub-dict named after the mixer (e.g. `config.model.s4d.init`) and are passed as
+keyword arguments to that mixer's constructor.
+"""
+
+import ml_collections
+
+
+def model_config():
+    """Returns the default (small) model config; experiments override sizes."""
+    c = ml_collections.ConfigDict()
+    # Sequence mixer of every block: attention | s4 | s4d | dss | dlr | s5 | gss.
+    c.mixer = "s4d"
+    # Block pattern: uniform (n_layers blocks of `mixer`) | gss_hybrid (attention block at every
+    # 4th layer starting at the 2nd, GSS elsewhere) | wide_attention (1 layer with n_layers*n_heads heads).
+    c.pattern = "uniform"
+    # Model width (features) and depth.
+    c.d_model = 64
+    c.n_layers = 2
+    # Causal (left-to-right) mixers; required for causal SPT. False = bidirectional.
+    c.causal = False
+    # Dropout inside blocks.
+    c.dropout = 0.0
+    # Normalisation: layer | batch; pre-norm (True) or post-norm (False) residual blocks.
+    c.norm = "layer"
+    c.prenorm = True
+    # Feed-forward width multiplier (0 disables the FFN sub-block, as in S4 blocks).
+    c.ffn_mult = 2
+    # Input encoder: token (embedding of ids; vocab includes <pad>=0 and <mask>=1) | linear
+    # (continuous inputs [batch, length, d_input], plus one mask-indicator channel if mask_channel).
+    c.encoder = "token"
+    c.vocab_size = 0  # set from the data (task_info) when 0
+    c.d_input = 1
+    c.mask_channel = False
+    # Positions added by the encoder for attention models: none | sinusoidal | learned
+    # (rotary is an attention option, config.model.attention.positions).
+    c.positions = "none"
+    c.max_length = 0  # for learned positions; set from the data when 0
+    # Pooling of the classifier head: mean | max | last (padding always ignored).
+    c.pooling = "mean"
+    # Mixer-specific options, passed to the mixer constructor.
+    c.attention = ml_collections.ConfigDict(
+        dict(n_heads=4, positions="none", impl="plain", window=0, chunk_size=512))
+    c.s4 = ml_collections.ConfigDict(dict(d_state=64))
+    c.s4d = ml_collections.ConfigDict(dict(d_state=64, init="lin", discretization="zoh"))
+    c.dss = ml_collections.ConfigDict(dict(d_state=64, version="exp"))
+    c.dlr = ml_collections.ConfigDict(dict(d_state=1024))
+    c.s5 = ml_collections.ConfigDict(dict(d_state=64))
+    c.gss = ml_collections.ConfigDict(dict(d_state=512, expansion=4, d_ssm=0))
+    return c

@@ -1,0 +1,1 @@
+"""Training engine: optimiser, sharding, checkpoints, metrics and the jit train loop."""
