@@ -1,0 +1,68 @@
+"""The data section of every experiment config (`config.data`), with a comment per field.
+
+`sptlib.data.get_task(config.data)` turns it into a `Task` (see docs/architecture.md, "Data").
+Zero / empty values mean "the task's default" (e.g. `max_length=0` -> 2000 for ListOps).
+"""
+
+import ml_collections
+
+TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
+         "speech_commands", "fashion_mnist")
+
+
+def data_config():
+    """Returns the default data config (ListOps from `lra_dir`); experiments override fields."""
+    c = ml_collections.ConfigDict()
+    # Task: listops | text | retrieval | image | scifar | pathfinder | pathx | pathx256 |
+    # speech_commands | fashion_mnist.
+    c.task = "listops"
+    # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
+    c.lra_dir = "lra_release"
+    # TFDS data directory for TFDS-backed tasks (text, image, scifar, speech_commands) and for the
+    # prepared ArrayRecord copies of the LRA release (source='tfds'); '' = TFDS's default.
+    c.tfds_data_dir = ""
+    # Where LRA release tasks are read from: files (parse the release files into memory / decode
+    # PNGs on access) | tfds (prepare an ArrayRecord TFDS dataset once under tfds_data_dir, then
+    # read it with random access). TFDS-backed tasks always use TFDS.
+    c.source = "files"
+    # Maximum sequence length (longer examples are truncated and counted); 0 = task default
+    # (listops 2000, text 4096, retrieval 4000 per document, image 1024, pathfinder R*R, ...).
+    c.max_length = 0
+    # tokens: int32 ids [batch, length] (pad 0, <mask> 1, real from 2) | continuous: float32
+    # [batch, length, channels] normalised values plus `raw` int32 0..255. Text-like tasks
+    # (listops, text, retrieval) support tokens only.
+    c.input_type = "tokens"
+    # Image side in pixels: pathfinder 32|64|128|256 (pathx = 128, pathx256 = 256 when 0);
+    # fashion_mnist 28 or 14 (2x2 average-pooled); 0 = task default.
+    c.resolution = 0
+    # Pathfinder difficulty folder: curv_baseline | curv_contour_length_9 | curv_contour_length_14.
+    c.difficulty = "curv_contour_length_14"
+    # Fraction of the training split used (validation/test untouched). Subsets are nested: a
+    # fixed-seed permutation of the training indices is cut, so 1% is inside 5% inside 100%.
+    c.data_fraction = 1.0
+    # Seed of that permutation (kept apart from the shuffling seed so subsets stay fixed).
+    c.data_fraction_seed = 0
+    # Generate the task's files when they are missing under lra_dir (listops, pathfinder,
+    # pathx, pathx256 only); used by the tiny smoke configs and the quickstart.
+    c.generate = ml_collections.ConfigDict()
+    # Off by default: a missing lra_dir is an error that says how to get the data.
+    c.generate.enabled = False
+    # Split sizes (pathfinder: the total is generated and split 80/10/10 like the release).
+    c.generate.num_train = 2000
+    c.generate.num_val = 200
+    c.generate.num_test = 200
+    # Generator seed (the same seed gives byte-identical files).
+    c.generate.seed = 0
+    # ListOps length window (tokens of the source string, exclusive bounds as in LRA).
+    c.generate.min_length = 500
+    c.generate.max_length = 2000
+    # Pathfinder contour length of generated sets: 6 (curv_baseline) | 9 | 14; 0 = from difficulty.
+    c.generate.contour_length = 0
+    # Grain multiprocessing workers (0 = read in threads of the main process).
+    c.num_workers = 0
+    # Reader threads per worker (or in the main process) and batches prefetched ahead.
+    c.read_threads = 4
+    c.prefetch_buffer_size = 64
+    # Folder with the Fashion-MNIST idx files (Debian package dataset-fashion-mnist).
+    c.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist"
+    return c
