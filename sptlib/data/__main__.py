@@ -1,0 +1,59 @@
+"""Generators of the LRA release layout (no download needed).
+
+  python -m sptlib.data listops --out DIR --num_train N --num_val N --num_test N --seed S \
+      [--min_length A --max_length B]
+    -> DIR/listops-1000/basic_{train,val,test}.tsv
+  python -m sptlib.data pathfinder --out DIR --resolution R --num N --seed S \
+      [--contour_length 6|9|14]
+    -> DIR/pathfinder{R}/curv_contour_length_{C}/{imgs,metadata}  (6 -> curv_baseline)
+"""
+
+import argparse
+import sys
+import time
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m sptlib.data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    lo = sub.add_parser("listops", help="generate ListOps (LRA algorithm)")
+    lo.add_argument("--out", required=True, help="folder to hold listops-1000/")
+    lo.add_argument("--num_train", type=int, default=96000)
+    lo.add_argument("--num_val", type=int, default=2000)
+    lo.add_argument("--num_test", type=int, default=2000)
+    lo.add_argument("--seed", type=int, default=0)
+    lo.add_argument("--min_length", type=int, default=500, help="exclusive lower length bound")
+    lo.add_argument("--max_length", type=int, default=2000, help="exclusive upper length bound")
+    lo.add_argument("--no_progress", action="store_true")
+
+    pf = sub.add_parser("pathfinder", help="generate Pathfinder images (release format)")
+    pf.add_argument("--out", required=True, help="folder to hold pathfinder{R}/")
+    pf.add_argument("--resolution", type=int, default=32)
+    pf.add_argument("--num", type=int, default=2000, help="number of images (all splits)")
+    pf.add_argument("--seed", type=int, default=0)
+    pf.add_argument("--contour_length", type=int, default=14, choices=(6, 9, 14))
+    pf.add_argument("--images_per_folder", type=int, default=1000)
+    pf.add_argument("--no_progress", action="store_true")
+
+    args = p.parse_args(argv)
+    t0 = time.time()
+    if args.command == "listops":
+        from sptlib.data import listops
+        folder = listops.generate_release(
+            args.out, num_train=args.num_train, num_val=args.num_val, num_test=args.num_test,
+            seed=args.seed, min_length=args.min_length, max_length=args.max_length,
+            progress=not args.no_progress)
+    else:
+        from sptlib.data import pathfinder
+        folder = pathfinder.generate_release(
+            args.out, resolution=args.resolution, num=args.num, seed=args.seed,
+            contour_length=args.contour_length, images_per_folder=args.images_per_folder,
+            progress=not args.no_progress)
+    print(f"wrote {folder} in {time.time() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Builders of the tasks other than ListOps (registered into `tasks`)."""
