@@ -1,0 +1,121 @@
+"""AdamW with warmup + constant/cosine schedules and a separate group for SSM parameters.
+
+The SSM parameters (A, B/C where structured, log Δ) take their own learning rate and no weight
+decay (S4 / SPT practice); they are identified by `sptlib.layers.ssm.ssm_param_labels(params)`,
+which returns a pytree of `"ssm"` / `"default"` labels. Everything else gets plain AdamW.
+Gradient clipping (by global norm over *all* parameters) happens before the split.
+"""
+
+import logging
+
+import jax
+import ml_collections
+import optax
+
+
+def optim_config():
+    """Returns the default `config.stages.<name>.optim`."""
+    c = ml_collections.ConfigDict()
+    # Peak learning rate of AdamW for all non-SSM parameters.
+    c.lr = 1e-3
+    # Peak learning rate of the SSM parameters (None = same as lr).
+    c.ssm_lr = 1e-3
+    # Decoupled weight decay (multiplied by the learning rate, as torch/optax AdamW).
+    c.weight_decay = 0.05
+    # Weight decay of the SSM parameters.
+    c.ssm_weight_decay = 0.0
+    # Exclude 1-D parameters (biases, norm scales) from weight decay.
+    c.no_decay_1d = False
+    # Linear warmup from 0 to the peak over this many steps.
+    c.warmup_steps = 0
+    # After warmup: constant | cosine (to min_lr_ratio * peak at the last step).
+    c.schedule = "cosine"
+    c.min_lr_ratio = 0.0
+    # Adam moments.
+    c.b1 = 0.9
+    c.b2 = 0.999
+    c.eps = 1e-8
+    # Clip gradients to this global L2 norm (0 = no clipping).
+    c.grad_clip = 0.0
+    return c
+
+
+def make_schedule(peak, cfg, total_steps):
+    """Learning rate as a function of the step: linear warmup, then constant or cosine.
+
+    Args:
+      peak: peak learning rate.
+      cfg: optimizer config (`warmup_steps`, `schedule`, `min_lr_ratio`).
+      total_steps: number of optimizer steps of the stage (cosine reaches its floor there).
+
+    Returns:
+      An `optax.Schedule`.
+    """
+    warmup = int(cfg.warmup_steps)
+    if cfg.schedule == "constant":
+        after = optax.constant_schedule(peak)
+    elif cfg.schedule == "cosine":
+        decay_steps = max(int(total_steps) - warmup, 1)
+        after = optax.cosine_decay_schedule(peak, decay_steps, alpha=float(cfg.min_lr_ratio))
+    else:
+        raise ValueError(f"Unknown schedule {cfg.schedule!r}; expected constant | cosine")
+    if warmup <= 0:
+        return after
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, warmup), after], boundaries=[warmup])
+
+
+def learning_rates(cfg, total_steps):
+    """Schedules by group, for logging: `{"default": schedule, "ssm": schedule}`."""
+    ssm_lr = cfg.lr if cfg.ssm_lr is None else cfg.ssm_lr
+    return {"default": make_schedule(cfg.lr, cfg, total_steps),
+            "ssm": make_schedule(ssm_lr, cfg, total_steps)}
+
+
+def param_labels(params):
+    """`"ssm"` / `"default"` label per parameter, from `sptlib.layers.ssm.ssm_param_labels`.
+
+    Falls back to all-`"default"` (with a warning) only when the `sptlib.layers.ssm` module does
+    not exist, so a model zoo without SSMs still trains.
+    """
+    try:
+        from sptlib.layers.ssm import ssm_param_labels  # pylint: disable=import-outside-toplevel
+    except ModuleNotFoundError as e:
+        if e.name not in ("sptlib.layers.ssm", "sptlib.layers"):
+            raise
+        logging.warning("sptlib.layers.ssm not found: every parameter uses the default "
+                        "optimizer group")
+        return jax.tree.map(lambda _: "default", params)
+    return ssm_param_labels(params)
+
+
+def make_optimizer(cfg, params, total_steps):
+    """Builds the optimizer.
+
+    Args:
+      cfg: optimizer config (see `optim_config`).
+      params: the parameter pytree, or its abstract shapes (only structure and names are used).
+      total_steps: steps of the stage (for the cosine schedule).
+
+    Returns:
+      An `optax.GradientTransformation`: optional global-norm clipping, then
+      `optax.multi_transform` of AdamW for the `"default"` and `"ssm"` groups.
+    """
+    lrs = learning_rates(cfg, total_steps)
+    labels = param_labels(params)
+
+    def decay_mask(p):
+        if not cfg.no_decay_1d:
+            return jax.tree.map(lambda _: True, p)
+        return jax.tree.map(lambda x: len(getattr(x, "shape", ())) > 1, p)
+
+    def adamw(lr, wd):
+        return optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=wd,
+                           mask=decay_mask)
+
+    groups = {"default": adamw(lrs["default"], cfg.weight_decay),
+              "ssm": adamw(lrs["ssm"], cfg.ssm_weight_decay)}
+    tx = optax.multi_transform(groups, labels)
+    if cfg.grad_clip and cfg.grad_clip > 0:
+        tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx)
+    return tx

@@ -1,0 +1,233 @@
+"""Sharded train-state initialisation, jit-compiled train / eval steps, parameter fingerprints.
+
+Shardings come from the parameters' logical axis names (`nn.with_logical_partitioning`) through
+the config's logical-axis rules. Parameters are created directly in their shards (`jax.jit` with
+`out_shardings`), so no host ever holds a full copy; optimizer moments follow their parameter's
+sharding; scalars and the rng are replicated.
+"""
+
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from jax.experimental import multihost_utils
+
+from sptlib.train import sharding as sharding_lib
+from sptlib.train.state import TrainState
+
+
+def is_main_process():
+    """True on the process that writes logs and files (process 0)."""
+    return jax.process_index() == 0
+
+
+def _path_names(path):
+    """Key path -> tuple of strings (dict keys / attribute names / indices)."""
+    out = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            out.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            out.append(k.name)
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            out.append(str(k.idx))
+        else:
+            out.append(str(k))
+    return tuple(out)
+
+
+def _match_param_shardings(tree, param_shardings, params_abstract, default):
+    """Shardings for a tree (e.g. the optimizer state) whose leaves mirror parameters.
+
+    A leaf gets its parameter's sharding when the tail of its key path is that parameter's path
+    and the shapes agree (Adam's `mu`/`nu`); every other leaf (counts, scalars) gets `default`.
+    """
+    by_path = {}
+    for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]:
+        by_path[_path_names(path)] = s
+    shapes = {_path_names(p): tuple(x.shape)
+              for p, x in jax.tree_util.tree_flatten_with_path(params_abstract)[0]}
+    max_depth = max((len(k) for k in by_path), default=0)
+
+    def one(path, leaf):
+        names = _path_names(path)
+        shape = tuple(getattr(leaf, "shape", ()))
+        for n in range(min(len(names), max_depth), 0, -1):
+            tail = names[-n:]
+            if tail in by_path and shapes[tail] == shape:
+                return by_path[tail]
+        return default
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _init_variables(model, objective, example_batch, rng):
+    """`model.init` on a one-example slice of the batch (shapes only matter)."""
+    example = {k: jnp.asarray(np.asarray(v)[:1]) for k, v in example_batch.items()}
+    if objective is not None:
+        kwargs = objective.init_inputs(example)
+    else:
+        kwargs = {"inputs": example["inputs"], "mask": example["mask"]}
+        if "inputs2" in example:
+            kwargs["inputs2"], kwargs["mask2"] = example["inputs2"], example["mask2"]
+    # Real-looking (non-padding) dummy data: only the shapes are used.
+    kwargs = {k: (jnp.ones_like(v) if k.startswith("mask") else v) for k, v in kwargs.items()}
+    params_rng, dropout_rng = jax.random.split(rng)
+    return model.init({"params": params_rng, "dropout": dropout_rng}, deterministic=True,
+                      **kwargs)
+
+
+def state_logical_specs(model, objective, example_batch):
+    """Abstract variables and the logical PartitionSpecs of params and model state."""
+    abstract = jax.eval_shape(
+        lambda r: _init_variables(model, objective, example_batch, r), jax.random.PRNGKey(0))
+    specs = nn.get_partition_spec(abstract)
+    return nn.unbox(abstract), specs
+
+
+def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objective=None):
+    """Creates the train state, every array already placed in its shards.
+
+    Args:
+      model: the Linen model (`sptlib.models.build_model`).
+      optimizer: `optax.GradientTransformation` (`sptlib.train.optim.make_optimizer`).
+      example_batch: a batch (dict of arrays; only shapes/dtypes are used).
+      rng: PRNG key; split into the parameter init key and `state.rng` (dropout / masking).
+      mesh: the mesh (`sharding.create_mesh`).
+      rules: logical axis rules.
+      objective: the stage's `Objective`; needed for continuous inputs with a mask-indicator
+        channel (the objective, not the model, appends the channel). Without it the model is
+        initialised on the raw inputs.
+
+    Returns:
+      `(state, state_shardings)`: a `TrainState` and a `TrainState` of `NamedSharding`s.
+    """
+    rules = sharding_lib.normalize_rules(rules)
+    init_rng, state_rng = jax.random.split(rng)
+    abstract, specs = state_logical_specs(model, objective, example_batch)
+    var_shardings = sharding_lib.logical_to_sharding(specs, abstract, mesh, rules)
+    abstract_params = abstract["params"]
+    param_shardings = var_shardings["params"]
+    model_state_shardings = {k: v for k, v in var_shardings.items() if k != "params"}
+    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+    repl = sharding_lib.replicated(mesh)
+    opt_shardings = _match_param_shardings(abstract_opt, param_shardings, abstract_params, repl)
+    state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings,
+                                 model_state=model_state_shardings, rng=repl)
+
+    def make_state(r):
+        init_r, state_r = jax.random.split(r)
+        variables = nn.unbox(_init_variables(model, objective, example_batch, init_r))
+        params = variables.pop("params")
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                          opt_state=optimizer.init(params), model_state=dict(variables),
+                          rng=state_r)
+
+    with mesh, nn.logical_axis_rules(rules):
+        state = jax.jit(make_state, out_shardings=state_shardings)(rng)
+    del init_rng, state_rng
+    return state, state_shardings
+
+
+def _scalar_metrics(metrics):
+    """Ensures every metric value is a `(sum, count)` pair of float32 scalars."""
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), metrics)
+
+
+def make_train_step(model, objective, optimizer, mesh, state_shardings, rules):
+    """A jit-compiled `(state, batch) -> (state, metrics)` train step.
+
+    The state is donated (its buffers are reused for the new state: do not touch the old one
+    after the call). `batch` should be global arrays from `sharding.shard_batch` (NumPy arrays
+    are accepted in single-process runs). Metrics are replicated `(sum, count)` scalar pairs:
+    the objective's plus `grad_norm` (global L2 norm, count 1).
+
+    Dropout / masking keys are `fold_in(state.rng, state.step)`, so a resumed run draws the
+    same masks as an uninterrupted one.
+    """
+    rules = sharding_lib.normalize_rules(rules)
+    data_sharding = sharding_lib.batch_sharding(mesh, rules)
+    repl = sharding_lib.replicated(mesh)
+
+    def step(state, batch):
+        rng = jax.random.fold_in(state.rng, state.step)
+
+        def loss_fn(params):
+            variables = {"params": params, **state.model_state}
+            loss, metrics, new_model_state = objective.loss(
+                model.apply, variables, batch, rng, train=True)
+            return loss, (metrics, new_model_state)
+
+        grads, (metrics, new_model_state) = jax.grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), state.params, updates)
+        metrics = dict(metrics)
+        metrics["grad_norm"] = (jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
+                                             for g in jax.tree.leaves(grads))), 1.0)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                                  model_state=new_model_state)
+        return new_state, _scalar_metrics(metrics)
+
+    jitted = jax.jit(step, in_shardings=(state_shardings, data_sharding),
+                     out_shardings=(state_shardings, repl), donate_argnums=(0,))
+
+    def train_step(state, batch):
+        with mesh, nn.logical_axis_rules(rules):
+            return jitted(state, batch)
+
+    train_step.jitted = jitted
+    return train_step
+
+
+def make_eval_step(model, objective, mesh, state_shardings, rules):
+    """A jit-compiled `(state, batch) -> metrics` evaluation step (no dropout, no donation).
+
+    Masked-SPT evaluation masks are fixed by the objective's `eval_seed` and the batch, so all
+    checkpoints are scored on the same positions.
+    """
+    rules = sharding_lib.normalize_rules(rules)
+    data_sharding = sharding_lib.batch_sharding(mesh, rules)
+    repl = sharding_lib.replicated(mesh)
+
+    def step(state, batch):
+        variables = {"params": state.params, **state.model_state}
+        _, metrics, _ = objective.loss(model.apply, variables, batch,
+                                       jax.random.PRNGKey(0), train=False)
+        return _scalar_metrics(metrics)
+
+    jitted = jax.jit(step, in_shardings=(state_shardings, data_sharding), out_shardings=repl)
+
+    def eval_step(state, batch):
+        with mesh, nn.logical_axis_rules(rules):
+            return jitted(state, batch)
+
+    eval_step.jitted = jitted
+    return eval_step
+
+
+def _host_array(x):
+    """The full value of a (possibly multi-process, sharded) array as NumPy, on every host."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def params_fingerprint(params):
+    """SHA-256 (hex) over the parameters' paths, dtypes, shapes and bytes in sorted-path order.
+
+    Every process must call it (arrays spread over processes are all-gathered); every process
+    gets the same string. Bitwise: any change of any parameter changes it.
+    """
+    flat = {"/".join(_path_names(p)): x
+            for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    h = hashlib.sha256()
+    for name in sorted(flat):
+        value = np.ascontiguousarray(_host_array(flat[name]))
+        h.update(name.encode())
+        h.update(str(value.dtype).encode())
+        h.update(str(value.shape).encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
