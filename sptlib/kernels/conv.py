@@ -1,0 +1,108 @@
+"""FFT convolution of sequences with long (length-L) per-channel kernels.
+
+All functions take activations in the `[batch, length, channels]` layout used by the layers and
+do the FFT along the length axis, so no transposes are needed around them.
+"""
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@functools.lru_cache(maxsize=None)
+def fft_size(n):
+    """Smallest 2^a 3^b 5^c >= n (a length FFT libraries handle fast)."""
+    best = 1 << max(0, int(n - 1).bit_length())
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+def _real_dtype(dtype):
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+def _conv_with_spectrum(u, k_f, n, d):
+    """y = irfft(rfft(u, n) * k_f)[:L] (+ d * u); u [B, L, H], k_f [n//2+1, H]."""
+    length = u.shape[1]
+    ct = _real_dtype(u.dtype)
+    uc = u.astype(ct)
+    u_f = jnp.fft.rfft(uc, n=n, axis=1)
+    y = jnp.fft.irfft(u_f * k_f, n=n, axis=1)[:, :length]
+    if d is not None:
+        y = y + d.astype(ct) * uc
+    return y.astype(u.dtype)
+
+
+def fft_conv(u, k, d=None):
+    """Causal convolution y_t = sum_{s<=t} k[:, t-s] u_s (+ d * u_t).
+
+    Args:
+      u: `[batch, length, channels]` input.
+      k: `[channels, length]` kernel (at least `length` long; extra taps are ignored).
+      d: optional `[channels]` skip weights.
+
+    Returns:
+      `[batch, length, channels]`, in u's dtype (computed in float32 / complex64).
+
+    The FFT size is the smallest fast composite >= 2 * length, so nothing wraps around.
+    """
+    length = u.shape[1]
+    n = fft_size(2 * length)
+    ct = _real_dtype(u.dtype)
+    k_f = jnp.fft.rfft(k[:, :length].astype(ct), n=n, axis=-1).T  # [n//2+1, H]
+    return _conv_with_spectrum(u, k_f, n, d)
+
+
+def bidirectional_kernel_spectrum(k_fwd, k_bwd, length, n):
+    """rfft (size n) of the two-sided kernel with k_fwd at lags 0..L-1 and k_bwd at -1..-L."""
+    ct = jnp.float64 if k_fwd.dtype == jnp.float64 else jnp.float32
+    k_fwd = k_fwd[:, :length].astype(ct)
+    k_bwd = k_bwd[:, :length].astype(ct)
+    h = k_fwd.shape[0]
+    # Circular layout: lag j >= 0 at index j; lag -(j+1) at index n-1-j.
+    full = jnp.concatenate(
+        [k_fwd, jnp.zeros((h, n - 2 * length), ct), k_bwd[:, ::-1]], axis=-1)
+    return jnp.fft.rfft(full, axis=-1).T
+
+
+def fft_conv_bidirectional(u, k_fwd, k_bwd, d=None):
+    """Two-sided convolution: a causal kernel plus a second kernel run on the reversed input.
+
+    y_t = sum_{s<=t} k_fwd[:, t-s] u_s + sum_{s>t} k_bwd[:, s-t-1] u_s (+ d * u_t)
+
+    i.e. `k_bwd` is applied causally to the reversed sequence, shifted by one step so the
+    current position is counted once (as in state-spaces/s4). Shapes as in `fft_conv`.
+    """
+    length = u.shape[1]
+    n = fft_size(2 * length)
+    return _conv_with_spectrum(u, bidirectional_kernel_spectrum(k_fwd, k_bwd, length, n), n, d)
+
+
+def direct_conv(u, k, d=None, k_bwd=None):
+    """Reference O(L^2) convolution in NumPy float64 (tests only).
+
+    Same semantics as `fft_conv` (or `fft_conv_bidirectional` when `k_bwd` is given).
+    """
+    u = np.asarray(u, np.float64)
+    k = np.asarray(k, np.float64)
+    _, length, _ = u.shape
+    y = np.zeros_like(u)
+    for t in range(length):
+        # causal part: sum_s k[t-s] u_s for s <= t
+        y[:, t] = np.einsum("bsh,hs->bh", u[:, :t + 1], k[:, t::-1])
+        if k_bwd is not None and t + 1 < length:
+            kb = np.asarray(k_bwd, np.float64)
+            y[:, t] += np.einsum("bsh,hs->bh", u[:, t + 1:], kb[:, :length - t - 1])
+    if d is not None:
+        y += np.asarray(d, np.float64) * u
+    return y
