@@ -40,9 +40,15 @@ def model_config():
     c.max_length = 0  # for learned positions; set from the data when 0
     # Pooling of the classifier head: mean | max | last (padding always ignored).
     c.pooling = "mean"
+    # Stack identical layers with nn.scan (parameters get a leading `layers` axis) / remat each layer.
+    c.scan_layers = True
+    c.remat = False
+    # Compute dtype of encoder, attention, FFN and norms: float32 | bfloat16 (params stay float32).
+    c.dtype = "float32"
     # Mixer-specific options, passed to the mixer constructor.
     c.attention = ml_collections.ConfigDict(
-        dict(n_heads=4, positions="none", impl="plain", window=0, chunk_size=512))
+        dict(n_heads=4, positions="none", impl="plain", window=0, chunk_size=512,
+             head_dim=0))  # head_dim 0 = d_model // n_heads
     c.s4 = ml_collections.ConfigDict(dict(d_state=64))
     c.s4d = ml_collections.ConfigDict(dict(d_state=64, init="lin", discretization="zoh"))
     c.dss = ml_collections.ConfigDict(dict(d_state=64, version="exp"))

@@ -1,0 +1,323 @@
+"""Multi-head self-attention: plain, exact memory-efficient (chunked), and local (banded).
+
+All three implementations compute the same function — softmax attention restricted by a key-padding
+mask, an optional causal mask and an optional band `|q - k| <= window` (`0 <= q - k <= window` when
+causal) — and differ only in memory:
+
+- ``plain``: one `[batch, heads, length, length]` score matrix; fastest for short sequences (on CPU a
+  hand einsum softmax beat `jax.nn.dot_product_attention`, DESIGN §7).
+- ``chunked``: exact online softmax over query and key chunks (Rabe & Staats 2021); the per-chunk
+  functions are rematerialised (`jax.checkpoint`), so forward *and* backward memory grow linearly with
+  length.
+- ``local``: the chunked kernel visiting only the key chunks that intersect the band, so time and
+  memory are O(length · window) — for PathX (16,384) and PathX-256 (65,536).
+
+Positions: ``rotary`` (applied to queries and keys, so scores depend on relative position only) or
+``none`` (absolute positions, if any, are added by the encoder: `config.model.positions`).
+"""
+
+import functools
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# A large finite negative score: exp() of it underflows to exactly 0, and unlike -inf it never yields
+# inf - inf = NaN in the online softmax (fully masked chunks, fully masked padding rows).
+MASK_VALUE = -1e30
+
+IMPLS = ("plain", "chunked", "local")
+POSITIONS = ("none", "rotary")
+
+
+# ---------------------------------------------------------------------------------------------
+# Positions
+# ---------------------------------------------------------------------------------------------
+
+def rotary_embedding(x, positions, base=10000.0):
+    """Rotates feature pairs of `x` by position-dependent angles (RoFormer, half-split layout).
+
+    Args:
+      x: `[..., head_dim]` queries or keys (head_dim even).
+      positions: integer/float positions broadcastable to `x.shape[:-1]`, e.g. `[length, 1]` for
+        `x[batch, length, heads, head_dim]`, or a scalar for one decoding step `x[batch, heads, hd]`.
+      base: wavelength base of the angle frequencies.
+    Returns:
+      Array like `x`; `<rot(q, i), rot(k, j)>` depends on `i - j` only.
+    """
+    half = x.shape[-1] // 2
+    if 2 * half != x.shape[-1]:
+        raise ValueError(f"rotary positions need an even head_dim, got {x.shape[-1]}")
+    freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * freq
+    sin, cos = jnp.sin(angles), jnp.cos(angles)
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention kernels: q, k, v are [batch, length, heads, head_dim]; q is already scaled.
+# ---------------------------------------------------------------------------------------------
+
+def _allowed(q_pos, k_pos, causal, window):
+    """Boolean `[len_q, len_k]` of (query, key) pairs allowed by the causal mask and the band."""
+    diff = q_pos[:, None] - k_pos[None, :]
+    allowed = jnp.ones(diff.shape, bool)
+    if causal:
+        allowed &= diff >= 0
+    if window:
+        allowed &= (diff <= window) if causal else (jnp.abs(diff) <= window)
+    return allowed
+
+
+def dot_product_attention(q, k, v, key_mask=None, *, causal=False, window=0):
+    """Plain softmax attention with one full score matrix.
+
+    Args:
+      q, k, v: `[batch, length, heads, head_dim]` (q pre-scaled by 1/sqrt(head_dim)).
+      key_mask: bool `[batch, length]`, True at real keys; padding keys get weight exactly 0.
+      causal: query i sees keys j <= i only.
+      window: if > 0, query i sees keys with |i - j| <= window (0 <= i - j <= window if causal).
+    Returns:
+      `[batch, length, heads, head_dim]` in v's dtype.
+    """
+    length = q.shape[1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    pos = jnp.arange(length)
+    allowed = _allowed(pos, pos, causal, window)[None, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    scores = jnp.where(allowed, scores, MASK_VALUE)
+    weights = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v,
+                      preferred_element_type=jnp.float32).astype(v.dtype)
+
+
+def chunked_attention(q, k, v, key_mask=None, *, causal=False, window=0, chunk_size=512):
+    """Exact softmax attention by an online softmax over query and key chunks.
+
+    Equal to `dot_product_attention` (up to float rounding) for the same arguments. Each query chunk
+    scans over key chunks keeping a running max, normaliser and weighted sum; both the per-query-chunk
+    function and the per-key-chunk step are rematerialised, so backward memory is
+    O(length · head_dim) plus one `[chunk, chunk]` score block per head, not O(length²).
+
+    With `window > 0` only the `2·ceil(window/chunk)+1` key chunks around each query chunk (the
+    `ceil(window/chunk)+1` at and before it when causal) are visited: O(length · window) time.
+    Lengths that are not a multiple of `chunk_size` are padded internally with masked keys.
+
+    Args and return value as `dot_product_attention`, plus
+      chunk_size: queries and keys per chunk.
+    """
+    batch, length, heads, head_dim = q.shape
+    c = max(1, min(chunk_size, length))
+    n = -(-length // c)
+    padded = n * c
+    if key_mask is None:
+        key_mask = jnp.ones((batch, length), bool)
+    if padded != length:
+        pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
+        q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
+        key_mask = jnp.pad(key_mask, [(0, 0), (0, padded - length)])
+    # Chunk axis first so chunks can be indexed (keys) and mapped over (queries).
+    qc = q.reshape(batch, n, c, heads, head_dim).swapaxes(0, 1)
+    kc = k.reshape(batch, n, c, heads, head_dim).swapaxes(0, 1)
+    vc = v.reshape(batch, n, c, heads, head_dim).swapaxes(0, 1)
+    mc = key_mask.reshape(batch, n, c).swapaxes(0, 1)
+
+    if window:
+        reach = -(-window // c)  # key chunks needed on each side of the query chunk
+        offsets = jnp.arange(-reach, 1 if causal else reach + 1)
+        relative = True
+    else:
+        offsets = jnp.arange(n)  # every key chunk
+        relative = False
+
+    def kv_step(q_i, i, kc, vc, mc, carry, offset):
+        acc, m, l = carry
+        j = i + offset if relative else offset
+        valid = (j >= 0) & (j < n)
+        jc = jnp.clip(j, 0, n - 1)
+        k_j = lax.dynamic_index_in_dim(kc, jc, axis=0, keepdims=False)
+        v_j = lax.dynamic_index_in_dim(vc, jc, axis=0, keepdims=False)
+        m_j = lax.dynamic_index_in_dim(mc, jc, axis=0, keepdims=False)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q_i, k_j, preferred_element_type=jnp.float32)
+        pos = jnp.arange(c)
+        allowed = _allowed(i * c + pos, jc * c + pos, causal, window)
+        # An out-of-range chunk index was clamped to a real chunk: mask it all (no double counting).
+        allowed = (allowed & valid)[None, None] & m_j[:, None, None, :]
+        s = jnp.where(allowed, s, MASK_VALUE)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        correction = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[..., None])
+        l = l * correction + p.sum(axis=-1)
+        acc = acc * correction[..., None] + jnp.einsum(
+            "bhqk,bkhd->bhqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        return (acc, m_new, l), None
+
+    @jax.checkpoint
+    def query_chunk(q_i, i, kc, vc, mc):
+        init = (jnp.zeros((batch, heads, c, head_dim), jnp.float32),
+                jnp.full((batch, heads, c), MASK_VALUE, jnp.float32),
+                jnp.zeros((batch, heads, c), jnp.float32))
+        step = jax.checkpoint(functools.partial(kv_step, q_i, i, kc, vc, mc), prevent_cse=False)
+        (acc, _, l), _ = lax.scan(step, init, offsets)
+        out = acc / l[..., None]
+        return out.transpose(0, 2, 1, 3).astype(v.dtype)  # [batch, c, heads, head_dim]
+
+    def body(_, xs):
+        q_i, i = xs
+        return None, query_chunk(q_i, i, kc, vc, mc)
+
+    _, out = lax.scan(body, None, (qc, jnp.arange(n)))
+    out = out.swapaxes(0, 1).reshape(batch, padded, heads, head_dim)
+    return out[:, :length]
+
+
+# ---------------------------------------------------------------------------------------------
+# The mixer
+# ---------------------------------------------------------------------------------------------
+
+def _init(in_axis, out_axis):
+    """Fan-in scaled truncated-normal init for multi-axis projection kernels."""
+    return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                            in_axis=in_axis, out_axis=out_axis)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self-attention sequence mixer (registered as mixer ``attention``).
+
+    `y = mha(x[batch, length, d_model], *, mask[batch, length] (True = real) | None,
+    deterministic) -> [batch, length, d_model]`. Padding keys are never attended to and outputs at
+    padding positions are zero. Causal instances also offer `initial_state` / `step` (KV cache).
+
+    Attributes:
+      d_model: model width (input and output features).
+      causal: query i attends to keys j <= i only.
+      dropout: dropout rate on the attended values (before the output projection); applied the
+        same way in every impl, unlike dropout on the weights, which the chunked kernel never forms.
+      n_heads: number of heads.
+      head_dim: features per head; 0 = d_model // n_heads (set it to keep head width fixed when the
+        head count changes, e.g. wide attention, or GSS-Hybrid's 8 heads of 128).
+      positions: ``none`` | ``rotary``.
+      impl: ``plain`` | ``chunked`` | ``local`` (see the module docstring).
+      window: band half-width; 0 = unlimited (required > 0 for ``local``).
+      chunk_size: chunk length of the chunked/local kernels.
+      rotary_base: wavelength base of rotary positions.
+      dtype: compute dtype of projections (scores and softmax always run in float32).
+    """
+    d_model: int
+    causal: bool = False
+    dropout: float = 0.0
+    n_heads: int = 4
+    head_dim: int = 0
+    positions: str = "none"
+    impl: str = "plain"
+    window: int = 0
+    chunk_size: int = 512
+    rotary_base: float = 10000.0
+    dtype: Any = jnp.float32
+
+    def setup(self):
+        if self.impl not in IMPLS:
+            raise ValueError(f"attention impl {self.impl!r} not in {IMPLS}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"attention positions {self.positions!r} not in {POSITIONS} "
+                             "(absolute positions belong to the encoder: config.model.positions)")
+        if self.impl == "local" and self.window <= 0:
+            raise ValueError("impl='local' needs window > 0")
+        if not self.head_dim and self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} not divisible by n_heads={self.n_heads}")
+        hd = self.head_dim or self.d_model // self.n_heads
+        shape = (self.d_model, self.n_heads, hd)
+        names = ("embed", "heads", "kv")
+        proj = lambda name: self.param(
+            name, nn.with_logical_partitioning(_init(0, (1, 2)), names), shape)
+        bias = lambda name: self.param(
+            name, nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")),
+            (self.n_heads, hd))
+        self.w_query, self.w_key, self.w_value = proj("query"), proj("key"), proj("value")
+        self.b_query, self.b_key, self.b_value = bias("query_bias"), bias("key_bias"), bias(
+            "value_bias")
+        self.w_out = self.param(
+            "out", nn.with_logical_partitioning(_init((0, 1), 2), ("heads", "kv", "embed")),
+            (self.n_heads, hd, self.d_model))
+        self.b_out = self.param(
+            "out_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            (self.d_model,))
+        self.drop = nn.Dropout(self.dropout)
+
+    @property
+    def _head_dim(self):
+        return self.head_dim or self.d_model // self.n_heads
+
+    def _project(self, x):
+        """x `[..., d_model]` -> scaled q, k, v `[..., heads, head_dim]`."""
+        x = x.astype(self.dtype)
+        q, k, v = (jnp.einsum("...d,dhk->...hk", x, w.astype(self.dtype)) + b.astype(self.dtype)
+                   for w, b in ((self.w_query, self.b_query), (self.w_key, self.b_key),
+                                (self.w_value, self.b_value)))
+        return q * (self._head_dim ** -0.5), k, v
+
+    def _output(self, o, deterministic):
+        """Attended values `[..., heads, head_dim]` -> `[..., d_model]`."""
+        o = self.drop(o, deterministic=deterministic)
+        y = jnp.einsum("...hk,hkd->...d", o, self.w_out.astype(self.dtype))
+        return y + self.b_out.astype(self.dtype)
+
+    def __call__(self, x, *, mask=None, deterministic=True):
+        """x `[batch, length, d_model]`, mask bool `[batch, length]` -> `[batch, length, d_model]`."""
+        q, k, v = self._project(x)
+        if self.positions == "rotary":
+            pos = jnp.arange(x.shape[1])[:, None]  # broadcasts over heads
+            q = rotary_embedding(q, pos, self.rotary_base)
+            k = rotary_embedding(k, pos, self.rotary_base)
+        if self.impl == "plain":
+            o = dot_product_attention(q, k, v, mask, causal=self.causal, window=self.window)
+        else:
+            o = chunked_attention(q, k, v, mask, causal=self.causal, window=self.window,
+                                  chunk_size=self.chunk_size)
+        y = self._output(o, deterministic)
+        if mask is not None:
+            y = jnp.where(mask[..., None], y, 0)
+        return y
+
+    # -- recurrent (decoding) form --------------------------------------------------------------
+
+    def initial_state(self, batch_size, max_length=None):
+        """Empty KV cache: `{'key', 'value': [batch, max_length, heads, head_dim], 'index': ()}`."""
+        if not self.causal:
+            raise ValueError("the step form needs causal=True")
+        if not max_length:
+            raise ValueError("attention's KV cache needs max_length")
+        shape = (batch_size, max_length, self.n_heads, self._head_dim)
+        return dict(key=jnp.zeros(shape, self.dtype), value=jnp.zeros(shape, self.dtype),
+                    index=jnp.zeros((), jnp.int32))
+
+    def step(self, x_t, state):
+        """One decoding step: x_t `[batch, d_model]` at position `state['index']` -> (y_t, state).
+
+        Equals row `index` of the causal parallel form (same rotary position, same band).
+        """
+        if not self.causal:
+            raise ValueError("the step form needs causal=True")
+        index = state["index"]
+        q, k, v = self._project(x_t)  # [batch, heads, head_dim]
+        if self.positions == "rotary":
+            q = rotary_embedding(q, index, self.rotary_base)
+            k = rotary_embedding(k, index, self.rotary_base)
+        keys = lax.dynamic_update_slice_in_dim(state["key"], k[:, None].astype(state["key"].dtype),
+                                               index, axis=1)
+        values = lax.dynamic_update_slice_in_dim(state["value"],
+                                                 v[:, None].astype(state["value"].dtype),
+                                                 index, axis=1)
+        scores = jnp.einsum("bhd,bmhd->bhm", q, keys, preferred_element_type=jnp.float32)
+        allowed = _allowed(index[None], jnp.arange(keys.shape[1]), True, self.window)[0]
+        scores = jnp.where(allowed, scores, MASK_VALUE)
+        weights = jax.nn.softmax(scores, axis=-1)
+        o = jnp.einsum("bhm,bmhd->bhd", weights.astype(values.dtype), values,
+                       preferred_element_type=jnp.float32).astype(self.dtype)
+        y = self._output(o, deterministic=True)
+        return y, dict(key=keys, value=values, index=index + 1)

@@ -1,0 +1,118 @@
+"""Norms, feed-forward and residual blocks shared by every backbone.
+
+A residual block wraps any sequence mixer of `sptlib.layers.MIXERS`:
+
+    pre-norm:   x = x + Dropout(mixer(Norm(x)));  x = x + Dropout(FFN(Norm(x)))
+    post-norm:  x = Norm(x + Dropout(mixer(x)));  x = Norm(x + Dropout(FFN(x)))
+
+The FFN sub-block is dropped when `ffn_mult == 0` (S4-style blocks). Padding positions are
+zeroed before the mixer, and batch norm computes its statistics over real positions only, so outputs
+at real positions never depend on padding.
+"""
+
+from typing import Any, Optional, Tuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+NORMS = ("layer", "batch")
+
+
+def _boxed(init, names):
+    return nn.with_logical_partitioning(init, names)
+
+
+class Norm(nn.Module):
+    """Layer norm or (padding-aware) batch norm over the feature axis.
+
+    `y = norm(x[batch, length, features], *, mask[batch, length] | None, deterministic)`.
+    Batch norm normalises with statistics over batch and length (real positions only); in training
+    (`deterministic=False`) it updates the `batch_stats` collection, which must then be mutable.
+    """
+    kind: str = "layer"
+    epsilon: float = 1e-5
+    momentum: float = 0.9
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, *, mask=None, deterministic=True):
+        scale_init = _boxed(nn.initializers.ones, ("norm",))
+        bias_init = _boxed(nn.initializers.zeros, ("norm",))
+        if self.kind == "layer":
+            return nn.LayerNorm(epsilon=self.epsilon, dtype=self.dtype, scale_init=scale_init,
+                                bias_init=bias_init, name="layer_norm")(x)
+        if self.kind == "batch":
+            bn_mask = None if mask is None else jnp.broadcast_to(mask[..., None], x.shape)
+            return nn.BatchNorm(use_running_average=deterministic, momentum=self.momentum,
+                                epsilon=self.epsilon, dtype=self.dtype, scale_init=scale_init,
+                                bias_init=bias_init, name="batch_norm")(x, mask=bn_mask)
+        raise ValueError(f"norm {self.kind!r} not in {NORMS}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: `[..., d_model] -> Dense(mult·d_model) -> GELU -> Dropout -> Dense`."""
+    d_model: int
+    mult: float = 2
+    dropout: float = 0.0
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, *, deterministic=True):
+        hidden = int(self.mult * self.d_model)
+        init = nn.initializers.lecun_normal()
+        h = nn.Dense(hidden, dtype=self.dtype, kernel_init=_boxed(init, ("embed", "mlp")),
+                     bias_init=_boxed(nn.initializers.zeros, ("mlp",)), name="wi")(x)
+        h = nn.gelu(h)
+        h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=_boxed(init, ("mlp", "embed")),
+                        bias_init=_boxed(nn.initializers.zeros, ("embed",)), name="wo")(h)
+
+
+def mixer_class(name):
+    """Mixer class by registry name (import deferred: SSM modules load only when used)."""
+    from sptlib.layers import get_mixer
+    return get_mixer(name)
+
+
+class ResidualBlock(nn.Module):
+    """Sequence mixer + optional FFN, each in a pre- or post-norm residual branch.
+
+    `y = block(x[batch, length, d_model], *, mask[batch, length] | None, deterministic)`.
+
+    Attributes:
+      mixer: mixer name in `sptlib.layers.MIXERS`.
+      mixer_options: `((key, value), ...)` keyword arguments of the mixer constructor
+        (a tuple so the module stays hashable).
+      d_model, causal, dropout: passed to the mixer; dropout also on both residual branches.
+      norm: ``layer`` | ``batch``.  prenorm: pre-norm (True) or post-norm (False).
+      ffn_mult: FFN width multiplier; 0 = no FFN sub-block.
+    """
+    mixer: str
+    mixer_options: Tuple[Tuple[str, Any], ...] = ()
+    d_model: int = 64
+    causal: bool = False
+    dropout: float = 0.0
+    norm: str = "layer"
+    prenorm: bool = True
+    ffn_mult: float = 2
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, *, mask=None, deterministic=True):
+        mixer = mixer_class(self.mixer)(d_model=self.d_model, causal=self.causal,
+                                        dropout=self.dropout, **dict(self.mixer_options),
+                                        name="mixer")
+        branches = [("mixer", lambda h: mixer(h, mask=mask, deterministic=deterministic))]
+        if self.ffn_mult:
+            ffn = FeedForward(self.d_model, self.ffn_mult, self.dropout, self.dtype, name="ffn")
+            branches.append(("ffn", lambda h: ffn(h, deterministic=deterministic)))
+        for name, branch in branches:
+            norm = Norm(self.norm, dtype=self.dtype, name=f"{name}_norm")
+            h = norm(x, mask=mask, deterministic=deterministic) if self.prenorm else x
+            if mask is not None:
+                h = jnp.where(mask[..., None], h, 0)  # padding never reaches a mixer
+            h = nn.Dropout(self.dropout)(branch(h), deterministic=deterministic)
+            x = x + h
+            if not self.prenorm:
+                x = norm(x, mask=mask, deterministic=deterministic)
+        return x

@@ -1,0 +1,129 @@
+"""`build_model(config.model, head)`: encoder -> backbone -> head as one Linen module.
+
+The module's top-level parameter collections are exactly `encoder`, `backbone` and `head`, so
+finetuning can load everything but `head`.
+"""
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+
+from sptlib.models.backbone import Backbone
+from sptlib.models.encoders import LinearEncoder, TokenEncoder
+from sptlib.models.heads import ClassifyHead, PixelHead, RetrievalHead, TokenHead
+
+PATTERNS = ("uniform", "gss_hybrid", "wide_attention")
+HEADS = ("classify", "token_logits", "pixel_logits", "regress", "retrieval")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _as_dict(cfg):
+    if cfg is None:
+        return {}
+    return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+
+
+def _freeze(options):
+    """Mapping -> sorted tuple of items (hashable module attribute)."""
+    return tuple(sorted(options.items()))
+
+
+def layer_specs(model_cfg):
+    """`((mixer, options), ...)`, one per layer, for `model_cfg.pattern`.
+
+    gss_hybrid puts an attention block at layers 1, 5, 9, … (every 4th starting at the 2nd; GSS
+    paper) and GSS blocks elsewhere; wide_attention is one attention block with
+    `n_layers · n_heads` heads of the deep model's head width.
+    """
+    c = model_cfg
+    dtype = DTYPES[c.get("dtype", "float32")]
+    attention = dict(_as_dict(c.attention), dtype=dtype)
+    options = lambda name: attention if name == "attention" else _as_dict(c.get(name))
+    if c.pattern == "uniform":
+        return ((c.mixer, _freeze(options(c.mixer))),) * c.n_layers
+    if c.pattern == "gss_hybrid":
+        return tuple(("attention", _freeze(attention)) if i % 4 == 1
+                     else ("gss", _freeze(options("gss"))) for i in range(c.n_layers))
+    if c.pattern == "wide_attention":
+        wide = dict(attention, n_heads=c.n_layers * attention["n_heads"],
+                    head_dim=attention.get("head_dim") or c.d_model // attention["n_heads"])
+        return (("attention", _freeze(wide)),)
+    raise ValueError(f"pattern {c.pattern!r} not in {PATTERNS}")
+
+
+class SequenceModel(nn.Module):
+    """encoder -> backbone -> head.
+
+    `model.apply(variables, inputs, mask, *, deterministic=True, inputs2=None, mask2=None)`:
+    inputs int `[batch, length]` or float `[batch, length, d_features]`, mask bool
+    `[batch, length]` (True = real; None = all real); `inputs2`/`mask2` the second document of a
+    retrieval pair. Returns the head's output (see `sptlib.models.heads`).
+    """
+    encoder: nn.Module
+    backbone: nn.Module
+    head: nn.Module
+    head_kind: str = "classify"
+
+    def features(self, inputs, mask=None, *, deterministic=True):
+        """Backbone features `[batch, length, d_model]` (zero at padding)."""
+        return self.backbone(self.encoder(inputs), mask, deterministic=deterministic)
+
+    def __call__(self, inputs, mask=None, *, deterministic=True, inputs2=None, mask2=None):
+        if self.head_kind != "retrieval":
+            return self.head(self.features(inputs, mask, deterministic=deterministic), mask)
+        if inputs2 is None:
+            raise ValueError("the retrieval head needs inputs2 (the second document)")
+        batch = inputs.shape[0]
+        ones = lambda x: jnp.ones(x.shape[:2], bool)
+        mask = ones(inputs) if mask is None else mask
+        mask2 = ones(inputs2) if mask2 is None else mask2
+        if inputs.shape == inputs2.shape:
+            # One pass over both documents: one backbone call, shared batch statistics.
+            both = self.features(jnp.concatenate([inputs, inputs2]),
+                                 jnp.concatenate([mask, mask2]), deterministic=deterministic)
+            x1, x2 = both[:batch], both[batch:]
+        else:
+            x1 = self.features(inputs, mask, deterministic=deterministic)
+            x2 = self.features(inputs2, mask2, deterministic=deterministic)
+        return self.head(x1, mask, x2, mask2)
+
+
+def build_model(model_cfg, head_cfg: Mapping[str, Any]):
+    """Builds the `SequenceModel` for `model_cfg` (`config.model`) and `head_cfg`.
+
+    head_cfg: `kind` in classify | token_logits | pixel_logits | regress | retrieval, with
+    `num_classes` (classify, retrieval) or `num_outputs` (token_logits; default
+    `model_cfg.vocab_size`); optional `pooling` (default `model_cfg.pooling`).
+    """
+    c = model_cfg if isinstance(model_cfg, ml_collections.ConfigDict) else \
+        ml_collections.ConfigDict(model_cfg)
+    h = _as_dict(head_cfg)
+    dtype = DTYPES[c.get("dtype", "float32")]
+    if c.encoder == "token":
+        if c.vocab_size <= 0:
+            raise ValueError("model.vocab_size must be set (from task.info['vocab_size'])")
+        encoder = TokenEncoder(c.vocab_size, c.d_model, c.positions, c.max_length, dtype)
+    elif c.encoder == "linear":
+        encoder = LinearEncoder(c.d_input + int(bool(c.mask_channel)), c.d_model, c.positions,
+                                c.max_length, dtype)
+    else:
+        raise ValueError(f"encoder {c.encoder!r} not in ('token', 'linear')")
+    backbone = Backbone(layer_specs(c), c.d_model, c.causal, c.dropout, c.norm, c.prenorm,
+                        c.ffn_mult, c.get("scan_layers", True), c.get("remat", False), dtype)
+    kind = h.get("kind")
+    pooling = h.get("pooling", c.pooling)
+    if kind == "classify":
+        head = ClassifyHead(h["num_classes"], pooling)
+    elif kind == "token_logits":
+        head = TokenHead(h.get("num_outputs") or c.vocab_size)
+    elif kind == "pixel_logits":
+        head = PixelHead(c.d_input)
+    elif kind == "regress":
+        head = TokenHead(c.d_input, axis_name="classes")
+    elif kind == "retrieval":
+        head = RetrievalHead(h["num_classes"], pooling)
+    else:
+        raise ValueError(f"head kind {kind!r} not in {HEADS}")
+    return SequenceModel(encoder, backbone, head, kind)
