@@ -1,0 +1,445 @@
+r"""The fair-comparison protocol in one command: models × regimes × seeds → table and plots.
+
+    python -m sptlib.compare --config=experiments/quickstart.py --workdir=/tmp/qs
+    spt-compare --config=experiments/lra.py:image,s4 --workdir=gs://.../image [--config.x=y]
+
+The experiment config names the grid in its `compare` section (`models`, `regimes`, `seeds`,
+`data_fractions`, `length_factors`). Every cell is a complete single-run config made by calling
+the experiment file's `get_config` again with `model=<m>,regime=<r>` added to its argument (see
+`sptlib.experiments_lib`), then setting `seed` and `data.data_fraction`; `--config.a.b=v`
+overrides apply to every run. Regimes:
+
+  scratch                classification from random init;
+  scratch-equal-compute  the same, for pretrain + finetune steps (a control the paper omits);
+  spt-masked             masked-denoising self-pretraining, then finetuning from its best
+                         checkpoint with the head re-initialised (same finetune budget as scratch);
+  spt-causal             the same with next-token prediction on a causal backbone.
+
+Each run goes to `DIR/<model>/<regime>[-frac<f>]/seed<k>/` through `sptlib.pipeline.run`. A run
+whose `results.json` says it finished is skipped, so an interrupted comparison re-run with the same
+command finishes only the missing runs (an unfinished run resumes from its own checkpoints).
+Afterwards `DIR/comparison.json` (one record per run), `DIR/comparison.md` and the plots are
+written (`sptlib.report`) and their paths printed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import ml_collections
+from ml_collections import config_flags
+
+from sptlib import experiments_lib
+from sptlib import report
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file, `path.py[:arg]`, with a `compare` section.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the whole comparison.")
+_MODELS = flags.DEFINE_list("models", None, "Override config.compare.models.")
+_REGIMES = flags.DEFINE_list("regimes", None, "Override config.compare.regimes.")
+_SEEDS = flags.DEFINE_list("seeds", None, "Override config.compare.seeds (integers).")
+_FRACTIONS = flags.DEFINE_list(
+    "data_fractions", None, "Override config.compare.data_fractions (nested training subsets).")
+_RAND_INIT = flags.DEFINE_bool(
+    "rand_init", False, "Also run every SSM model with random (unstructured) state-space init "
+    "(model name + '-randinit'), the paper's structured-vs-random ablation.")
+_LENGTH = flags.DEFINE_list(
+    "length_factors", None, "Override config.compare.length_factors: evaluate the finished "
+    "classifier on test inputs this many times longer (e.g. 2,4), for tasks and models that allow.")
+_REPORT_ONLY = flags.DEFINE_bool(
+    "report_only", False, "Only rebuild comparison.json/md and plots from finished runs.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
+
+REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """One cell of the grid: a complete config and the directory it runs in."""
+
+    model: str
+    regime: str
+    seed: int
+    data_fraction: float
+    config: ml_collections.ConfigDict
+    workdir: str
+
+    @property
+    def name(self) -> str:
+        frac = "" if self.data_fraction == 1.0 else f" frac={self.data_fraction:g}"
+        return f"{self.model}/{self.regime}/seed{self.seed}{frac}"
+
+
+def run_dir(root: str, model: str, regime: str, seed: int, data_fraction: float = 1.0) -> str:
+    cell = regime if data_fraction == 1.0 else f"{regime}-frac{data_fraction:g}"
+    return os.path.join(root, model, cell, f"seed{seed}")
+
+
+def _set_path(cfg, path: str, value):
+    """Sets `cfg.a.b.c = value` for `path='a.b.c'` (the key must exist: configs are locked)."""
+    *parents, leaf = path.split(".")
+    node = cfg
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+
+
+def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
+           workdir: str, models: Sequence[str] | None = None,
+           regimes: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+           data_fractions: Sequence[float] | None = None,
+           rand_init: bool = False) -> tuple[ml_collections.ConfigDict, list[RunSpec]]:
+    """Expands `path.py[:arg]` into one RunSpec per model × regime × data fraction × seed.
+
+    Args:
+      config_file: the experiment file and its optional `get_config` argument.
+      overrides: flat {'a.b.c': value} applied to every run (`--config.a.b.c=value`); keys under
+        `compare.` only change the grid.
+      workdir: root of the comparison.
+      models, regimes, seeds, data_fractions: override the config's `compare` section.
+      rand_init: add `<model>-randinit` for every model that has a random-init variant.
+
+    Returns:
+      (the base config, the run specs in execution order: seed-major, so that an interrupted
+      comparison already has every cell at n = 1 before any reaches n = 2).
+    """
+    overrides = dict(overrides or {})
+    path, _, arg = config_file.partition(":")
+    module = experiments_lib.load_module(path)
+    base = module.get_config(arg) if arg else module.get_config()
+    base = copy.deepcopy(base)
+    for k, v in overrides.items():
+        if k.startswith("compare."):
+            _set_path(base, k, v)
+    comp = base.compare
+    models = list(models or comp.models)
+    if rand_init:
+        models += [m + "-randinit" for m in models if experiments_lib.has_randinit(m)]
+    regimes = list(regimes or comp.regimes)
+    seeds = [int(s) for s in (seeds if seeds is not None else comp.seeds)]
+    fractions = [float(f) for f in (data_fractions or comp.data_fractions)]
+    for g in regimes:
+        if g not in REGIMES:
+            raise ValueError(f"Unknown regime {g!r}; known: {REGIMES}")
+    parsed = experiments_lib.parse_arg(arg, getattr(module, "POSITIONAL", ()))
+    cells = {}
+    for m in models:
+        for g in regimes:
+            cfg = module.get_config(experiments_lib.format_arg({**parsed, "model": m,
+                                                                 "regime": g}))
+            with cfg.unlocked():
+                for k, v in overrides.items():
+                    if not k.startswith("compare."):
+                        _set_path(cfg, k, v)
+            cells[(m, g)] = cfg
+    specs = []
+    for seed in seeds:
+        for frac in fractions:
+            for m in models:
+                for g in regimes:
+                    cfg = copy.deepcopy(cells[(m, g)])
+                    cfg.seed = seed
+                    cfg.data.data_fraction = frac
+                    specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
+    return base, specs
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading a run's results.
+# ------------------------------------------------------------------------------------------------
+
+def _get(d, *keys, default=None):
+    """First present key of `keys` (each 'a.b' walks nested dicts)."""
+    for key in keys:
+        node = d
+        for part in key.split("."):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                break
+        else:
+            return node
+    return default
+
+
+def load_results(workdir: str) -> dict | None:
+    path = os.path.join(workdir, "results.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None  # half-written: treat as not finished
+
+
+def _stage_results(results: dict | None, workdir: str, name: str) -> dict:
+    """A stage's results: `workdir/<stage>/results.json` (written by the trainer), else the entry
+    the pipeline's summary holds for it."""
+    st = load_results(os.path.join(workdir, name))
+    if st:
+        return st
+    results = results or {}
+    for key in (f"stages.{name}", name):
+        st = _get(results, key)
+        if isinstance(st, dict):
+            return st
+    return {}
+
+
+def is_finished(workdir: str, stage_order: Sequence[str]) -> bool:
+    """True when every stage of `stage_order` has results with status `finished`."""
+    summary = load_results(workdir)
+    for name in stage_order:
+        st = _stage_results(summary, workdir, name)
+        if st.get("status") != "finished":
+            return False
+    return True
+
+
+def _curve(stage: dict, stage_dir: str) -> dict | None:
+    """Validation accuracy against step of one stage: from `history` in its results when the
+    trainer records one, else from the TensorBoard events in `stage_dir`."""
+    hist = _get(stage, "history", "validation_history")
+    if hist:
+        pts = [(h.get("step"), _get(h, "accuracy", "validation.accuracy")) for h in hist]
+        pts = [(s, a) for s, a in pts if s is not None and a is not None]
+        if pts:
+            return {"step": [int(p[0]) for p in pts], "accuracy": [float(p[1]) for p in pts]}
+    return curve_from_events(stage_dir, "validation/accuracy")
+
+
+def curve_from_events(logdir: str, tag: str) -> dict | None:
+    """Reads scalar `tag` from the TensorBoard event files in `logdir` ({step: [...], accuracy:
+    [...]}, last value per step), or None."""
+    if not os.path.isdir(logdir) or not any(f.startswith("events.")
+                                            for f in os.listdir(logdir)):
+        return None
+    try:
+        from tensorboard.backend.event_processing import event_accumulator
+        from tensorboard.util import tensor_util
+    except ImportError:
+        return None
+    acc = event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    points = {}
+    if tag in tags.get("tensors", []):
+        for ev in acc.Tensors(tag):
+            points[int(ev.step)] = float(tensor_util.make_ndarray(ev.tensor_proto))
+    elif tag in tags.get("scalars", []):
+        for ev in acc.Scalars(tag):
+            points[int(ev.step)] = float(ev.value)
+    if not points:
+        return None
+    steps = sorted(points)
+    return {"step": steps, "accuracy": [points[s] for s in steps]}
+
+
+def make_record(spec: RunSpec, results: dict | None, *, status: str, error: str = "",
+                wall_time_s: float | None = None) -> dict:
+    """One `comparison.json` record from a run's `results.json` (and the spec)."""
+    order = list(spec.config.stage_order)
+    rec = {"model": spec.model, "regime": spec.regime, "seed": spec.seed,
+           "data_fraction": spec.data_fraction, "task": spec.config.data.task,
+           "workdir": spec.workdir, "status": status, "stages": {}}
+    if error:
+        rec["error"] = error
+    summary = results or {}
+    total_wall = 0.0
+    for name in order:
+        st = _stage_results(summary, spec.workdir, name)
+        wall = _get(st, "wall_time_s")
+        rec["stages"][name] = {
+            "steps": _get(st, "final_step", "steps"),
+            "wall_time_s": wall,
+            "objective": spec.config.stages[name].objective.kind,
+            "best_step": _get(st, "best_step"),
+            "best_metric": _get(st, "best_metric"),
+            "best_validation": _get(st, "validation.best"),
+            "train_steps_per_s": _get(st, "train_steps_per_s"),
+            "num_params": _get(st, "num_params"),
+        }
+        total_wall += float(wall or 0.0)
+    cls = order[-1]  # the classification stage (finetune or scratch)
+    st = _stage_results(summary, spec.workdir, cls)
+    # The best-validation checkpoint's test accuracy (never the last checkpoint's).
+    rec["test_accuracy"] = _get(st, "test.best.accuracy", "test_accuracy")
+    rec["val_accuracy"] = _get(st, "validation.best.accuracy", "val_accuracy")
+    rec["test_accuracy_last"] = _get(st, "test.last.accuracy")
+    rec["curve"] = _curve(st, os.path.join(spec.workdir, cls)) if st else None
+    rec["pretrain_steps"] = sum(int(rec["stages"][n]["steps"] or 0) for n in order[:-1])
+    rec["wall_time_s"] = total_wall if total_wall else wall_time_s
+    lg = summary.get("length_generalization")
+    if lg:
+        rec["length_generalization"] = lg
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------
+# Running.
+# ------------------------------------------------------------------------------------------------
+
+def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
+                   run_fn: Callable[[ml_collections.ConfigDict, str], dict] | None = None,
+                   title: str = "Comparison", length_factors: Sequence[float] = (),
+                   length_eval_fn: Callable | None = None, report_only: bool = False,
+                   log: Callable[[str], None] = print) -> tuple[list[dict], dict]:
+    """Runs every spec not yet finished, then writes comparison.json / .md and plots.
+
+    Args:
+      specs: from `expand`.
+      workdir: root of the comparison (comparison.json etc. land here).
+      run_fn: `run_fn(config, run_workdir) -> results` (default `sptlib.pipeline.run`); injected
+        by tests.
+      length_factors: evaluate finished classifiers at these multiples of the training length.
+      length_eval_fn: `fn(config, run_workdir, factor) -> accuracy | None` (default
+        `sptlib.lengthgen.evaluate` where available).
+      report_only: run nothing; report what is finished.
+      log: progress printer.
+
+    Returns:
+      (records, {name: path of the written report files}).
+    """
+    if run_fn is None:
+        from sptlib import pipeline  # deferred: importing the trainer pulls in JAX
+        run_fn = pipeline.run
+    os.makedirs(workdir, exist_ok=True)
+    records = []
+    todo = [s for s in specs if not is_finished(s.workdir, s.config.stage_order)]
+    log(f"[compare] {len(specs)} runs, {len(specs) - len(todo)} already finished, "
+        f"{0 if report_only else len(todo)} to run")
+    done = 0
+    for spec in specs:
+        if is_finished(spec.workdir, spec.config.stage_order):
+            rec = make_record(spec, load_results(spec.workdir), status="finished")
+        elif report_only:
+            rec = make_record(spec, load_results(spec.workdir), status="missing")
+        else:
+            done += 1
+            log(f"[compare] ({done}/{len(todo)}) {spec.name} -> {spec.workdir}")
+            os.makedirs(spec.workdir, exist_ok=True)
+            t0 = time.time()
+            try:
+                results = run_fn(spec.config, spec.workdir)
+                status = ("finished" if is_finished(spec.workdir, spec.config.stage_order)
+                          else "unfinished")
+                rec = make_record(spec, load_results(spec.workdir) or results, status=status,
+                                  wall_time_s=time.time() - t0)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # one broken cell must not lose the others
+                logging.exception("Run %s failed", spec.name)
+                rec = make_record(spec, load_results(spec.workdir), status="failed",
+                                  error=f"{type(e).__name__}: {e}",
+                                  wall_time_s=time.time() - t0)
+                with open(os.path.join(spec.workdir, "error.txt"), "w") as f:
+                    f.write(traceback.format_exc())
+                log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
+        if (length_factors and rec["status"] == "finished" and not report_only
+                and not rec.get("length_generalization")):
+            rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn,
+                                                        log)
+        records.append(rec)
+        _write_json(records, workdir)  # partial progress is visible while running
+        if rec["status"] == "finished" and rec.get("test_accuracy") is not None:
+            log(f"[compare] {spec.name}: test accuracy {100 * rec['test_accuracy']:.2f}%")
+    _write_json(records, workdir)
+    paths = report.write_report(records, workdir, title)
+    paths["json"] = os.path.join(workdir, "comparison.json")
+    return records, paths
+
+
+def _length_eval(spec, factors, fn, log) -> dict:
+    cache = os.path.join(spec.workdir, "length_generalization.json")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            return json.load(f)
+    if fn is None:
+        try:
+            from sptlib import lengthgen
+        except ImportError:
+            log("[compare] length generalisation: sptlib.lengthgen is not available")
+            return {}
+        fn = lengthgen.evaluate
+    out = {}
+    for factor in factors:
+        try:
+            acc = fn(spec.config, spec.workdir, factor)
+        except Exception as e:  # a model or task that cannot run longer inputs
+            log(f"[compare] length x{factor:g} for {spec.name} skipped: {e}")
+            acc = None
+        if acc is not None:
+            out[f"{factor:g}x"] = float(acc)
+    with open(cache, "w") as f:
+        json.dump(out, f)
+    return out
+
+
+def _write_json(records, workdir):
+    path = os.path.join(workdir, "comparison.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1, default=_json_default)
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    return str(o)
+
+
+def main(argv):
+    del argv
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    filename = config_flags.get_config_filename(flags.FLAGS["config"])
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    base, specs = expand(
+        filename, overrides, workdir=_WORKDIR.value, models=_MODELS.value,
+        regimes=_REGIMES.value, seeds=_SEEDS.value,
+        data_fractions=[float(f) for f in _FRACTIONS.value] if _FRACTIONS.value else None,
+        rand_init=_RAND_INIT.value)
+    factors = ([float(f) for f in _LENGTH.value] if _LENGTH.value is not None
+               else list(base.compare.length_factors))
+    if _DRY_RUN.value:
+        for s in specs:
+            print(f"{s.name:40s} stages={tuple(s.config.stage_order)} -> {s.workdir}")
+        return
+    title = base.compare.get("title") or f"Comparison: {filename}"
+    records, paths = run_comparison(specs, _WORKDIR.value, title=title, length_factors=factors,
+                                    report_only=_REPORT_ONLY.value)
+    print(f"\nTable:  {paths['markdown']}\nRecords: {paths['json']}")
+    for k, v in paths.items():
+        if k not in ("markdown", "json"):
+            print(f"Plot:   {v}")
+    print()
+    with open(paths["markdown"]) as f:
+        print(f.read())
+    if any(r["status"] != "finished" for r in records):
+        sys.exit(1)
+
+
+def run():
+    """Console-script entry point (`spt-compare`)."""
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

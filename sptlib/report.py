@@ -1,0 +1,283 @@
+"""The comparison report: `comparison.md` (means ± 95% CI, SPT gains, gaps) and PNG plots.
+
+Input is the list of per-run records `sptlib.compare` writes to `comparison.json`; each record has
+at least `model`, `regime`, `seed`, `data_fraction`, `status`, `test_accuracy`, `val_accuracy`
+(fractions in [0, 1]), `stages` (per stage: steps, wall_time_s) and optionally `curve`
+(validation accuracy of the classification stage: `{"step": [...], "accuracy": [...]}`) and
+`pretrain_steps`. Accuracies are printed in percent.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from sptlib import stats
+
+# Display order of regimes (unknown regimes follow in first-seen order).
+REGIME_ORDER = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
+# (SPT regime, baseline regime) pairs whose difference is reported as "SPT gain".
+GAINS = (("spt-masked", "scratch"), ("spt-causal", "scratch"),
+         ("spt-masked", "scratch-equal-compute"), ("spt-causal", "scratch-equal-compute"))
+
+
+def _ordered(values: Iterable[str], order: Sequence[str] = ()) -> list[str]:
+    seen = list(dict.fromkeys(values))
+    return [v for v in order if v in seen] + [v for v in seen if v not in order]
+
+
+def _ok(records):
+    return [r for r in records if r.get("status") == "finished"
+            and r.get("test_accuracy") is not None]
+
+
+def group(records, key="test_accuracy"):
+    """{(data_fraction, model, regime): [values over seeds]} of finished runs."""
+    out = collections.defaultdict(list)
+    for r in _ok(records):
+        v = r.get(key)
+        if v is not None:
+            out[(r.get("data_fraction", 1.0), r["model"], r["regime"])].append(float(v))
+    return out
+
+
+def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> str:
+    """Renders the report as Markdown (see the module docstring for the record format)."""
+    pct = 100.0
+    lines = [f"# {title}", ""]
+    ok = _ok(records)
+    failed = [r for r in records if r.get("status") != "finished"]
+    lines.append(f"{len(ok)} finished runs" + (f", {len(failed)} not finished" if failed else "")
+                 + f". Test accuracy (%) of the best-validation checkpoint: mean ± half-width of "
+                 f"the {confidence:.0%} Student-t interval over seeds (n seeds in brackets). "
+                 "Differences use Welch's interval.")
+    lines.append("")
+    test = group(records, "test_accuracy")
+    val = group(records, "val_accuracy")
+    fractions = sorted({k[0] for k in test} | {r.get("data_fraction", 1.0) for r in records},
+                       reverse=True)
+    models = _ordered((r["model"] for r in records))
+    regimes = _ordered((r["regime"] for r in records), REGIME_ORDER)
+    for frac in fractions:
+        if len(fractions) > 1 or frac != 1.0:
+            lines += [f"## Training data fraction {frac:g}", ""]
+        h = "##" if len(fractions) == 1 and frac == 1.0 else "###"
+
+        # Main table.
+        lines += [f"{h} Test accuracy", "", "| model | " + " | ".join(regimes) + " |",
+                  "|---" * (len(regimes) + 1) + "|"]
+        for m in models:
+            cells = []
+            for g in regimes:
+                iv = stats.mean_ci(test.get((frac, m, g), []), confidence)
+                cells.append(f"{iv.format(pct)} ({iv.n})" if iv.n else "–")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+        lines += [f"{h} Validation accuracy (best checkpoint)", "",
+                  "| model | " + " | ".join(regimes) + " |", "|---" * (len(regimes) + 1) + "|"]
+        for m in models:
+            cells = [stats.mean_ci(val.get((frac, m, g), []), confidence).format(pct)
+                     for g in regimes]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+
+        # SPT gains.
+        gain_rows = []
+        for m in models:
+            for a, b in GAINS:
+                xa, xb = test.get((frac, m, a), []), test.get((frac, m, b), [])
+                if xa and xb:
+                    d = stats.diff_ci(xa, xb, confidence)
+                    gain_rows.append(f"| {m} | {a} − {b} | {_signed(d, pct)} |")
+        if gain_rows:
+            lines += [f"{h} SPT gain (points)", "", "| model | difference | gain |",
+                      "|---|---|---|"] + gain_rows + [""]
+
+        # Gaps between models under each regime: against the best model of that regime.
+        gap_rows = []
+        for g in regimes:
+            cell = {m: test.get((frac, m, g), []) for m in models if test.get((frac, m, g))}
+            if len(cell) < 2:
+                continue
+            best = max(cell, key=lambda m: np.mean(cell[m]))
+            for m in cell:
+                if m != best:
+                    d = stats.diff_ci(cell[best], cell[m], confidence)
+                    gap_rows.append(f"| {g} | {best} − {m} | {_signed(d, pct)} |")
+            if len(cell) > 2:
+                spread = max(np.mean(v) for v in cell.values()) - min(
+                    np.mean(v) for v in cell.values())
+                gap_rows.append(f"| {g} | best − worst | {spread * pct:+.1f} |")
+        if gap_rows:
+            lines += [f"{h} Gap between models under each regime (points)", "",
+                      "| regime | models | gap |", "|---|---|---|"] + gap_rows + [""]
+
+        # Compute: steps and wall time per stage.
+        lines += [f"{h} Compute per run (mean over seeds)", "",
+                  "| model | regime | stages (steps) | wall time |", "|---|---|---|---|"]
+        for m in models:
+            for g in regimes:
+                rs = [r for r in ok if r["model"] == m and r["regime"] == g
+                      and r.get("data_fraction", 1.0) == frac]
+                if not rs:
+                    continue
+                stage_names = list(rs[0].get("stages", {}))
+                st = ", ".join(
+                    f"{s} {int(np.mean([r['stages'][s].get('steps') or 0 for r in rs]))}"
+                    for s in stage_names)
+                wall = np.mean([r.get("wall_time_s") or 0.0 for r in rs])
+                lines.append(f"| {m} | {g} | {st} | {_duration(wall)} |")
+        lines.append("")
+
+        # Length generalisation.
+        lg = collections.defaultdict(list)
+        for r in ok:
+            if r.get("data_fraction", 1.0) != frac:
+                continue
+            for factor, acc in (r.get("length_generalization") or {}).items():
+                lg[(r["model"], r["regime"], factor)].append(acc)
+        if lg:
+            factors = sorted({k[2] for k in lg}, key=lambda f: float(str(f).rstrip("x")))
+            lines += [f"{h} Length generalisation (test accuracy at longer inputs)", "",
+                      "| model | regime | 1x | " + " | ".join(factors) + " |",
+                      "|---" * (len(factors) + 3) + "|"]
+            for m in models:
+                for g in regimes:
+                    if not any((m, g, f) in lg for f in factors):
+                        continue
+                    base = stats.mean_ci(test.get((frac, m, g), []), confidence).format(pct)
+                    cells = [stats.mean_ci(lg.get((m, g, f), []), confidence).format(pct)
+                             for f in factors]
+                    lines.append(f"| {m} | {g} | {base} | " + " | ".join(cells) + " |")
+            lines.append("")
+    if failed:
+        lines += ["## Runs not finished", ""]
+        for r in failed:
+            lines.append(f"- {r['model']} / {r['regime']} / seed {r['seed']}: "
+                         f"{r.get('status')} {r.get('error', '')}".rstrip())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _signed(d: stats.Interval, scale: float) -> str:
+    if math.isnan(d.half_width):
+        return f"{d.mean * scale:+.1f}"
+    return f"{d.mean * scale:+.1f} ± {d.half_width * scale:.1f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots.
+# ------------------------------------------------------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # no display; files only
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_bars(records, path: str, confidence: float = 0.95, data_fraction: float = 1.0) -> str:
+    """Bar chart of mean test accuracy per model × regime with confidence-interval error bars."""
+    plt = _pyplot()
+    test = group(records, "test_accuracy")
+    models = _ordered(r["model"] for r in records)
+    regimes = _ordered((r["regime"] for r in records), REGIME_ORDER)
+    width = 0.8 / max(len(regimes), 1)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(models) * max(len(regimes), 1) * 0.6), 4))
+    x = np.arange(len(models))
+    for i, g in enumerate(regimes):
+        ivs = [stats.mean_ci(test.get((data_fraction, m, g), []), confidence) for m in models]
+        means = [100 * iv.mean if iv.n else 0.0 for iv in ivs]
+        errs = [100 * iv.half_width if iv.n > 1 else 0.0 for iv in ivs]
+        ax.bar(x + (i - (len(regimes) - 1) / 2) * width, means, width, yerr=errs, capsize=3,
+               label=g)
+        for j, iv in enumerate(ivs):
+            # Individual seeds as dots, so n = 2 intervals are not read as precise.
+            vals = test.get((data_fraction, models[j], g), [])
+            ax.scatter([x[j] + (i - (len(regimes) - 1) / 2) * width] * len(vals),
+                       [100 * v for v in vals], s=8, color="black", zorder=3)
+    ax.set_xticks(x, models)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"Test accuracy, mean ± {confidence:.0%} CI")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(records, path: str, data_fraction: float = 1.0) -> str | None:
+    """Validation-accuracy learning curves (mean over seeds, min–max band) of the classification
+    stage; left: against classification steps, right: against all steps including pretraining."""
+    plt = _pyplot()
+    runs = [r for r in _ok(records) if r.get("curve") and r.get("data_fraction", 1.0)
+            == data_fraction]
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    models = _ordered(r["model"] for r in runs)
+    regimes = _ordered((r["regime"] for r in runs), REGIME_ORDER)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    for (mi, m), (gi, g) in itertools.product(enumerate(models), enumerate(regimes)):
+        rs = [r for r in runs if r["model"] == m and r["regime"] == g]
+        if not rs:
+            continue
+        # Seeds evaluate at the same steps; keep the steps all of them have.
+        steps = sorted(set.intersection(*(set(r["curve"]["step"]) for r in rs)))
+        if not steps:
+            continue
+        ys = np.array([[dict(zip(r["curve"]["step"], r["curve"]["accuracy"]))[s] for s in steps]
+                       for r in rs]) * 100
+        offset = rs[0].get("pretrain_steps") or 0
+        for ax, off in ((axes[0], 0), (axes[1], offset)):
+            xs = np.array(steps) + off
+            ax.plot(xs, ys.mean(0), styles[gi % len(styles)], color=colors[mi % len(colors)],
+                    label=f"{m} / {g}")
+            if len(rs) > 1:
+                ax.fill_between(xs, ys.min(0), ys.max(0), color=colors[mi % len(colors)],
+                                alpha=0.12)
+    axes[0].set_xlabel("classification steps")
+    axes[1].set_xlabel("total steps (pretraining + classification)")
+    axes[0].set_ylabel("validation accuracy (%)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Learning curves (mean over seeds; band = min–max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(records, workdir: str, title: str = "Comparison") -> dict:
+    """Writes `comparison.md`, `accuracy.png` and `curves.png` (+ one pair per extra data
+    fraction) under `workdir`; returns {name: path}."""
+    out = {"markdown": os.path.join(workdir, "comparison.md")}
+    with open(out["markdown"], "w") as f:
+        f.write(markdown(records, title))
+    fractions = sorted({r.get("data_fraction", 1.0) for r in records}, reverse=True)
+    for frac in fractions:
+        suffix = "" if frac == 1.0 else f"_frac{frac:g}"
+        if any(r.get("data_fraction", 1.0) == frac for r in _ok(records)):
+            out["bars" + suffix] = plot_bars(
+                records, os.path.join(workdir, f"accuracy{suffix}.png"), data_fraction=frac)
+        curves = plot_curves(records, os.path.join(workdir, f"curves{suffix}.png"),
+                             data_fraction=frac)
+        if curves:
+            out["curves" + suffix] = curves
+    return out

@@ -1,0 +1,164 @@
+"""The comparison runner and report, with a fake trainer injected (plus one real tiny run)."""
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from sptlib import compare
+from sptlib import report
+
+# A minimal experiment file: the runner needs only stage_order, stages.<s>.objective.kind,
+# seed, data.{task, data_fraction} and the compare section.
+_EXPERIMENT = textwrap.dedent('''
+    import ml_collections
+    from sptlib import experiments_lib as lib
+
+    POSITIONAL = ("model", "regime")
+
+    def get_config(arg=""):
+        a = lib.parse_arg(arg, POSITIONAL)
+        c = ml_collections.ConfigDict()
+        c.seed = 0
+        c.data = dict(task="fake", data_fraction=1.0)
+        c.model = dict(name=a.get("model", "m1"), width=8)
+        c.stages = {n: dict(num_steps=10, objective=dict(kind=k)) for n, k in
+                    (("pretrain", "masked"), ("finetune", "classify"), ("scratch", "classify"))}
+        regime = a.get("regime", "scratch")
+        c.stage_order = ("scratch",) if regime.startswith("scratch") else ("pretrain", "finetune")
+        if regime == "scratch-equal-compute":
+            c.stages.scratch.num_steps = 20
+        lib.add_compare(c, models=("m1", "m2"), regimes=("scratch", "spt-masked"),
+                        seeds=(0, 1, 2), title="fake")
+        c.lock()
+        return c
+''')
+
+# Test accuracy the fake trainer reaches, per (model, regime, seed).
+ACC = {("m1", "scratch"): [0.50, 0.52, 0.54], ("m1", "spt-masked"): [0.80, 0.82, 0.84],
+       ("m2", "scratch"): [0.70, 0.70, 0.76], ("m2", "spt-masked"): [0.81, 0.83, 0.85]}
+
+
+class FakeTrainer:
+    """Writes stage results.json files in the trainer's format; can stop after `limit` runs."""
+
+    def __init__(self, limit=None, fail=()):
+        self.calls, self.limit, self.fail = [], limit, set(fail)
+
+    def __call__(self, config, workdir):
+        if self.limit is not None and len(self.calls) >= self.limit:
+            raise KeyboardInterrupt  # the user pressing Ctrl-C mid-comparison
+        model, regime = config.model.name, ("spt-masked" if "pretrain" in config.stage_order
+                                            else "scratch")
+        self.calls.append((model, regime, config.seed, workdir))
+        if (model, regime, config.seed) in self.fail:
+            raise RuntimeError("boom")
+        acc = ACC[(model, regime)][config.seed]
+        for i, stage in enumerate(config.stage_order):
+            d = os.path.join(workdir, stage)
+            os.makedirs(d, exist_ok=True)
+            res = {"stage": stage, "status": "finished",
+                   "final_step": config.stages[stage].num_steps, "best_step": 10,
+                   "validation": {"best": {"accuracy": acc - 0.01}},
+                   "test": {"best": {"accuracy": acc}, "last": {"accuracy": acc - 0.05}},
+                   "wall_time_s": 1.5, "history": [{"step": 5, "accuracy": acc - 0.1},
+                                                   {"step": 10, "accuracy": acc - 0.01}]}
+            with open(os.path.join(d, "results.json"), "w") as f:
+                json.dump(res, f)
+        return {}
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    path = tmp_path / "fake_experiment.py"
+    path.write_text(_EXPERIMENT)
+    return str(path)
+
+
+def test_expand_grid_and_overrides(experiment, tmp_path):
+    base, specs = compare.expand(experiment + ":m1", {"model.width": 4, "compare.seeds": (5,)},
+                                 workdir=str(tmp_path / "w"),
+                                 regimes=["scratch", "scratch-equal-compute", "spt-masked"])
+    assert base.compare.seeds == (5,)
+    assert [(s.model, s.regime, s.seed) for s in specs] == [
+        (m, g, 5) for m in ("m1", "m2") for g in ("scratch", "scratch-equal-compute",
+                                                   "spt-masked")]
+    by = {(s.model, s.regime): s for s in specs}
+    assert by[("m2", "spt-masked")].config.stage_order == ("pretrain", "finetune")
+    assert by[("m2", "spt-masked")].config.model.name == "m2"
+    assert by[("m1", "scratch-equal-compute")].config.stages.scratch.num_steps == 20
+    assert all(s.config.model.width == 4 and s.config.seed == 5 for s in specs)
+    assert by[("m1", "scratch")].workdir == str(tmp_path / "w" / "m1" / "scratch" / "seed5")
+    _, specs = compare.expand(experiment, {}, workdir="w", data_fractions=[0.1], seeds=[0])
+    assert specs[0].config.data.data_fraction == 0.1
+    assert specs[0].workdir == os.path.join("w", "m1", "scratch-frac0.1", "seed0")
+    with pytest.raises(ValueError, match="Unknown regime"):
+        compare.expand(experiment, {}, workdir="w", regimes=["pretrain-only"])
+
+
+def test_interrupted_comparison_resumes_only_missing_runs(experiment, tmp_path):
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(experiment, {}, workdir=wd)
+    assert len(specs) == 12
+    first = FakeTrainer(limit=5)
+    with pytest.raises(KeyboardInterrupt):
+        compare.run_comparison(specs, wd, run_fn=first, log=lambda s: None)
+    assert len(first.calls) == 5
+    partial = json.load(open(os.path.join(wd, "comparison.json")))
+    assert len(partial) == 5 and all(r["status"] == "finished" for r in partial)
+
+    second = FakeTrainer()
+    records, paths = compare.run_comparison(specs, wd, run_fn=second, log=lambda s: None)
+    done_first = {c[3] for c in first.calls}
+    assert len(second.calls) == 7
+    assert not done_first & {c[3] for c in second.calls}
+    assert len(records) == 12 and all(r["status"] == "finished" for r in records)
+
+    third = FakeTrainer()
+    compare.run_comparison(specs, wd, run_fn=third, log=lambda s: None)
+    assert third.calls == []  # everything finished: nothing reruns
+
+    rec = {(r["model"], r["regime"], r["seed"]): r for r in records}
+    r = rec[("m1", "spt-masked", 2)]
+    assert r["test_accuracy"] == pytest.approx(0.84)  # best-validation checkpoint, not last
+    assert r["val_accuracy"] == pytest.approx(0.83)
+    assert r["stages"]["pretrain"]["steps"] == 10 and r["pretrain_steps"] == 10
+    assert r["wall_time_s"] == pytest.approx(3.0)
+    assert r["curve"] == {"step": [5, 10], "accuracy": pytest.approx([0.74, 0.83])}
+    for key in ("markdown", "json", "bars", "curves"):
+        assert os.path.getsize(paths[key]) > 0
+    with open(paths["bars"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    md = open(paths["markdown"]).read()
+    # m1 scratch: mean 52.0, s = 2.0, t_2 = 4.302653 -> ± 4.97 -> "52.0 ± 5.0 (3)".
+    assert "| m1 | 52.0 ± 5.0 (3) | 82.0 ± 5.0 (3) |" in md
+    # Gain: 30 points, Welch se = sqrt(4/3 + 4/3), df 4 -> 2.776445 * 1.632993 = 4.53.
+    assert "| m1 | spt-masked − scratch | +30.0 ± 4.5 |" in md
+    # Gap under scratch: m2 (72.0) − m1 (52.0) = +20.0.
+    assert "| scratch | m2 − m1 | +20.0" in md
+
+
+def test_failed_run_is_recorded_and_others_continue(experiment, tmp_path):
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(experiment, {}, workdir=wd, seeds=[0])
+    fake = FakeTrainer(fail={("m2", "scratch", 0)})
+    records, paths = compare.run_comparison(specs, wd, run_fn=fake, log=lambda s: None)
+    status = {(r["model"], r["regime"]): r["status"] for r in records}
+    assert status[("m2", "scratch")] == "failed"
+    assert sum(v == "finished" for v in status.values()) == 3
+    assert "RuntimeError: boom" in open(paths["markdown"]).read()
+    assert os.path.exists(os.path.join(wd, "m2", "scratch", "seed0", "error.txt"))
+    # The failed cell is retried on the next invocation, the others are not.
+    again = FakeTrainer()
+    compare.run_comparison(specs, wd, run_fn=again, log=lambda s: None)
+    assert [(c[0], c[1]) for c in again.calls] == [("m2", "scratch")]
+
+
+def test_report_without_intervals_and_length_table(tmp_path):
+    recs = [{"model": "a", "regime": "scratch", "seed": 0, "status": "finished",
+             "test_accuracy": 0.6, "val_accuracy": 0.6, "stages": {"scratch": {"steps": 3}},
+             "length_generalization": {"2x": 0.55, "4x": 0.5}}]
+    md = report.markdown(recs)
+    assert "| a | 60.0 (1) |" in md
+    assert "| a | scratch | 60.0 | 55.0 | 50.0 |" in md
