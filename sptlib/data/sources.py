@@ -21,9 +21,14 @@ def _pad_tokens(ids, length):
 
 
 class _Packed:
-    """Variable-length int sequences stored as one flat array + offsets (compact, picklable)."""
+    """Variable-length sequences stored as one flat array + offsets (compact, picklable).
 
-    def __init__(self, seqs, max_length, dtype=np.int16):
+    Values are stored as given (uint8 by default: ListOps ids, raw bytes); `id_offset` is added
+    on access (e.g. 2 turns raw bytes into byte-level ids).
+    """
+
+    def __init__(self, seqs, max_length, dtype=np.uint8, id_offset=0):
+        self.id_offset = id_offset
         lengths = np.asarray([len(s) for s in seqs], dtype=np.int64)
         self.num_truncated = int(np.sum(lengths > max_length))
         lengths = np.minimum(lengths, max_length)
@@ -36,15 +41,15 @@ class _Packed:
         return len(self.offsets) - 1
 
     def __getitem__(self, i):
-        return self.flat[self.offsets[i]:self.offsets[i + 1]]
+        return self.flat[self.offsets[i]:self.offsets[i + 1]].astype(np.int32) + self.id_offset
 
 
 class TokenSource:
     """Token sequences with labels; sequences longer than `max_length` are truncated (counted)."""
 
-    def __init__(self, seqs, labels, max_length):
+    def __init__(self, seqs, labels, max_length, id_offset=0):
         self.max_length = max_length
-        self._seqs = _Packed(seqs, max_length)
+        self._seqs = _Packed(seqs, max_length, id_offset=id_offset)
         self.labels = np.asarray(labels, np.int32)
         self.num_truncated = self._seqs.num_truncated
         assert len(self._seqs) == len(self.labels)
@@ -66,10 +71,10 @@ class TokenSource:
 class PairTokenSource:
     """Pairs of token sequences (retrieval) with labels, each document padded to `max_length`."""
 
-    def __init__(self, seqs1, seqs2, labels, max_length):
+    def __init__(self, seqs1, seqs2, labels, max_length, id_offset=0):
         self.max_length = max_length
-        self._a = _Packed(seqs1, max_length)
-        self._b = _Packed(seqs2, max_length)
+        self._a = _Packed(seqs1, max_length, id_offset=id_offset)
+        self._b = _Packed(seqs2, max_length, id_offset=id_offset)
         self.labels = np.asarray(labels, np.int32)
         self.num_truncated = self._a.num_truncated + self._b.num_truncated
 

@@ -1,0 +1,76 @@
+"""Sequential Fashion-MNIST from the Debian package `dataset-fashion-mnist`.
+
+Files (gzipped or not) in `/usr/share/datasets/fashion-mnist/`: `train-images-idx3-ubyte`,
+`train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`. The last 10% of
+the training set (6,000 images) is the validation split; test is the 10k test set. Images are
+784-long pixel sequences (row-major); resolution 14 average-pools 2x2 blocks (196 long).
+"""
+
+import gzip
+import os
+import struct
+
+import numpy as np
+
+from sptlib.data.errors import DataError
+
+INSTALL_HINT = ("install it with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu) "
+                "or set config.data.fashion_mnist_dir to a folder with the idx files")
+FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+         "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+VALIDATION_FRACTION = 0.1
+
+
+def _open(folder, name):
+    for candidate in (name, name + ".gz"):
+        path = os.path.join(folder, candidate)
+        if os.path.exists(path):
+            opener = gzip.open if candidate.endswith(".gz") else open
+            with opener(path, "rb") as f:
+                return path, f.read()
+    raise DataError(f"Fashion-MNIST file {os.path.join(folder, name)}[.gz] not found: "
+                    f"{INSTALL_HINT}.")
+
+
+def read_idx(path, data, expected_magic):
+    """Parses an idx file's bytes -> uint8 array ([n] labels or [n, rows, cols] images)."""
+    if len(data) < 8:
+        raise DataError(f"{path}: truncated idx header")
+    magic, n = struct.unpack(">II", data[:8])
+    if magic != expected_magic:
+        raise DataError(f"{path}: bad idx magic number {magic}, expected {expected_magic}")
+    if magic == 2051:
+        rows, cols = struct.unpack(">II", data[8:16])
+        shape, offset = (n, rows, cols), 16
+    else:
+        shape, offset = (n,), 8
+    size = int(np.prod(shape))
+    if len(data) - offset != size:
+        raise DataError(f"{path}: expected {size} bytes of data, found {len(data) - offset}")
+    return np.frombuffer(data, np.uint8, offset=offset).reshape(shape)
+
+
+def load(folder, split, resolution=28):
+    """Returns (uint8 images [n, resolution, resolution], int32 labels [n]) of a split."""
+    if not os.path.isdir(folder):
+        raise DataError(f"Fashion-MNIST folder {folder} not found: {INSTALL_HINT}.")
+    part = "test" if split == "test" else "train"
+    ipath, idata = _open(folder, FILES[part][0])
+    lpath, ldata = _open(folder, FILES[part][1])
+    images = read_idx(ipath, idata, 2051)
+    labels = read_idx(lpath, ldata, 2049).astype(np.int32)
+    if len(images) != len(labels):
+        raise DataError(f"{ipath}: {len(images)} images but {lpath} has {len(labels)} labels")
+    if labels.size and labels.max() > 9:
+        raise DataError(f"{lpath}: label {labels.max()} outside 0..9")
+    if part == "train":
+        cut = len(images) - int(round(VALIDATION_FRACTION * len(images)))
+        sl = slice(0, cut) if split == "train" else slice(cut, None)
+        images, labels = images[sl], labels[sl]
+    if resolution != images.shape[1]:
+        f = images.shape[1] // resolution
+        if f * resolution != images.shape[1]:
+            raise ValueError(f"resolution {resolution} does not divide {images.shape[1]}")
+        pooled = images.reshape(len(images), resolution, f, resolution, f).mean(axis=(2, 4))
+        images = np.round(pooled).astype(np.uint8)
+    return images, labels
