@@ -1,0 +1,407 @@
+"""Cloud TPU launcher: create a slice, set up every worker, run on all workers, logs, tear down.
+
+    python -m launch.tpu create --name=spt --zone=us-central2-b --accelerator-type=v4-32 --mode=spot
+    python -m launch.tpu setup  --name=spt --zone=us-central2-b
+    python -m launch.tpu run    --name=spt --zone=us-central2-b --accelerator-type=v4-32 \
+        --config=experiments/pathx_s4.py --workdir=gs://BUCKET/spt/pathx_s4
+    python -m launch.tpu logs   --name=spt --zone=us-central2-b --run-name=pathx_s4 --follow
+    python -m launch.tpu delete --name=spt --zone=us-central2-b
+    python -m launch.tpu up ...   # create (wait until ACTIVE) + setup + run, one command
+
+Every sub-command takes `--dry-run`: it prints the exact commands (a bash script) and runs
+nothing. Slices are TPU VMs requested through queued resources (`gcloud compute tpus
+queued-resources`); multi-slice (`--num-slices=N`) creates nodes NAME-0 ... NAME-{N-1} joined over
+DCN, whose MEGASCALE_* settings the queued resource provides. Arguments after `--` in `run` are
+passed to `sptlib.main` (e.g. `-- --config.stages.finetune.num_steps=1000`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Sequence
+
+from launch import common
+from sptlib import meshes
+
+MODES = ("spot", "reserved", "best-effort", "on-demand")
+VENV = "~/spt-venv"
+CHECKOUT = "~/sptlib"
+LOG_DIR = "~/spt-logs"
+
+
+# ---------------------------------------------------------------------------------------------
+# gcloud command builders
+# ---------------------------------------------------------------------------------------------
+def _where(args) -> list[str]:
+    flags = [f"--zone={args.zone}"]
+    if args.project:
+        flags.append(f"--project={args.project}")
+    return flags
+
+
+def node_names(name: str, num_slices: int) -> list[str]:
+    """TPU VM node names: NAME for one slice; NAME-0 ... NAME-{n-1} for `--node-prefix=NAME`."""
+    return [name] if num_slices == 1 else [f"{name}-{i}" for i in range(num_slices)]
+
+
+def _accelerator(args) -> meshes.Accelerator | None:
+    if not getattr(args, "accelerator_type", None):
+        return None
+    acc = meshes.parse_accelerator(args.accelerator_type)
+    if acc.num_slices != 1:
+        raise SystemExit("--accelerator-type is one slice (e.g. v4-32); use --num-slices for more")
+    if acc.generation not in ("v2", "v3", "v4", "v5p", "v5e", "v6e"):
+        raise SystemExit(f"--accelerator-type={args.accelerator_type} is not a TPU slice")
+    return acc
+
+
+def create_plan(args) -> common.Plan:
+    acc = _accelerator(args)
+    if acc is None:
+        raise SystemExit("create needs --accelerator-type (e.g. v4-32)")
+    runtime = args.runtime_version or acc.runtime_version
+    alpha = args.mode == "best-effort"  # --best-effort exists only in the alpha track
+    argv = ["gcloud"] + (["alpha"] if alpha else []) + [
+        "compute", "tpus", "queued-resources", "create", args.name, *_where(args),
+        f"--accelerator-type={acc.accelerator_type}", f"--runtime-version={runtime}"]
+    if args.num_slices == 1:
+        argv.append(f"--node-id={args.name}")
+    else:
+        argv += [f"--node-count={args.num_slices}", f"--node-prefix={args.name}"]
+    argv += {"spot": ["--spot"], "reserved": ["--reserved"], "best-effort": ["--best-effort"],
+             "on-demand": []}[args.mode]
+    argv += args.gcloud_flag
+    plan = common.Plan()
+    plan.add(argv, note=f"request {args.num_slices} x {acc.accelerator_type} ({args.mode}); "
+                        f"{meshes.summary(_preset_name(args))}")
+    if args.wait:
+        plan.extend(wait_plan(args))
+    return plan
+
+
+def wait_plan(args) -> common.Plan:
+    """Polls the queued resource until ACTIVE (fails on FAILED / SUSPENDED)."""
+    describe = shlex.join(["gcloud", "compute", "tpus", "queued-resources", "describe", args.name,
+                           *_where(args), "--format=value(state.state)"])
+    script = (f"while :; do s=$({describe}); echo \"{args.name}: $s\"; case \"$s\" in "
+              "ACTIVE) break;; FAILED|SUSPENDED|SUSPENDING) exit 1;; esac; "
+              f"sleep {args.poll_seconds}; done")
+    plan = common.Plan()
+    plan.add(script=script, note="wait until the slice is provisioned (state ACTIVE)")
+    return plan
+
+
+def delete_plan(args) -> common.Plan:
+    plan = common.Plan()
+    plan.add(["gcloud", "compute", "tpus", "queued-resources", "delete", args.name,
+              *_where(args), "--force", "--quiet"],
+             note="delete the queued resource and its TPU VMs (--force: even if running)")
+    return plan
+
+
+def status_plan(args) -> common.Plan:
+    plan = common.Plan()
+    plan.add(["gcloud", "compute", "tpus", "queued-resources", "describe", args.name,
+              *_where(args)])
+    return plan
+
+
+def ssh_all(args, command: str, *, worker: str = "all", note: str = "") -> common.Plan:
+    """`gcloud compute tpus tpu-vm ssh NODE --worker=... --command=...` on every node at once."""
+    plan = common.Plan()
+    nodes = node_names(args.name, args.num_slices)
+    for i, node in enumerate(nodes):
+        plan.add(["gcloud", "compute", "tpus", "tpu-vm", "ssh", node, *_where(args),
+                  f"--worker={worker}", f"--command={command}"],
+                 note=note if i == 0 else "", parallel=len(nodes) > 1)
+    return plan
+
+
+def scp_all(args, src: str, dest: str, *, note: str = "") -> common.Plan:
+    """Copies a local file to every worker of every node (`tpu-vm scp --worker=all`)."""
+    plan = common.Plan()
+    nodes = node_names(args.name, args.num_slices)
+    for i, node in enumerate(nodes):
+        plan.add(["gcloud", "compute", "tpus", "tpu-vm", "scp", src, f"{node}:{dest}",
+                  *_where(args), "--worker=all"],
+                 note=note if i == 0 else "", parallel=len(nodes) > 1)
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# setup
+# ---------------------------------------------------------------------------------------------
+def setup_script(args) -> str:
+    """The bash script each worker runs: Python venv, pinned jax[tpu], sptlib, optional gcsfuse."""
+    venv = common.remote_path(args.venv, "--venv")
+    checkout = common.remote_path(CHECKOUT, "checkout")
+    lines = ["set -euo pipefail"]
+    if args.source == "local":
+        lines.append(f"rm -rf {checkout} && mkdir -p {checkout} && "
+                     f"tar -xzf ~/sptlib.tar.gz -C {checkout}")
+    else:
+        lines.append(f"rm -rf {checkout} && git init -q {checkout} && "
+                     f"git -C {checkout} fetch -q --depth=1 {shlex.quote(args.git_url)} "
+                     f"{shlex.quote(args.git_ref)} && git -C {checkout} checkout -q FETCH_HEAD")
+    # uv provides Python 3.11 on images that ship an older one (Ubuntu 22.04 has 3.10).
+    lines += [
+        "python3 -m pip install --user --quiet --upgrade uv",
+        f"~/.local/bin/uv venv --quiet --allow-existing --python={args.python} {venv}",
+        f"~/.local/bin/uv pip install --quiet --python={venv}/bin/python "
+        f"{shlex.quote(f'jax[tpu]=={args.jax_version}')} -e {checkout}",
+        f"{venv}/bin/python -c {shlex.quote('import jax, sptlib; print(jax.__version__)')}",
+    ]
+    if args.gcsfuse_bucket:
+        mount = common.remote_path(args.gcsfuse_mount, "--gcsfuse-mount")
+        bucket = shlex.quote(args.gcsfuse_bucket)
+        lines += [
+            "if ! command -v gcsfuse >/dev/null; then "
+            "echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] "
+            "https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -c -s) main\" "
+            "| sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null; "
+            "curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg "
+            "| sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null; "
+            "sudo apt-get update -q && sudo apt-get install -y -q gcsfuse; fi",
+            f"sudo mkdir -p {mount} && sudo chown \"$USER\" {mount}",
+            f"mountpoint -q {mount} || gcsfuse --implicit-dirs {bucket} {mount}",
+        ]
+    return "; ".join(lines)
+
+
+def setup_plan(args) -> common.Plan:
+    plan = common.Plan()
+    if args.source == "local":
+        src = str(args.source_dir)
+        tarball = f"/tmp/sptlib-{args.name}.tar.gz"
+        # Tracked and untracked-but-not-ignored files: the working tree as the user sees it.
+        plan.add(script=(f"git -C {shlex.quote(src)} ls-files -z --cached --others "
+                         f"--exclude-standard | tar -C {shlex.quote(src)} -czf "
+                         f"{shlex.quote(tarball)} --ignore-failed-read --null -T -"),
+                 note=f"pack the local checkout {src}")
+        plan.extend(scp_all(args, tarball, "sptlib.tar.gz", note="copy it to every worker"))
+    elif not (args.git_url and args.git_ref):
+        raise SystemExit("--source=git needs --git-url and --git-ref")
+    plan.extend(ssh_all(args, setup_script(args),
+                        note=f"on every worker: venv {args.venv}, jax[tpu]=={args.jax_version}, "
+                             "sptlib" + (", gcsfuse" if args.gcsfuse_bucket else "")))
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# run / logs / stop
+# ---------------------------------------------------------------------------------------------
+def _preset_name(args) -> str:
+    acc = _accelerator(args)
+    prefix = f"{args.num_slices}x" if args.num_slices > 1 else ""
+    return f"{prefix}{acc.name}" if acc else "cpu"
+
+
+def run_env(args) -> dict[str, str]:
+    """Environment for every worker's process.
+
+    Multi-host initialisation itself needs nothing here: on Cloud TPU VMs
+    `jax.distributed.initialize()` reads the worker list and this worker's index from the
+    VM metadata, and for multi-slice the queued resource publishes MEGASCALE_COORDINATOR_ADDRESS,
+    MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID there. JAX_PLATFORMS=tpu,cpu turns a TPU that
+    failed to initialise (e.g. held by a stale process) into an error instead of a silent run
+    on the host CPU.
+    """
+    env = {"JAX_PLATFORMS": "tpu,cpu", "TF_CPP_MIN_LOG_LEVEL": "1",
+           "SPT_RUN_NAME": args.run_name}
+    env.update(common.parse_env(args.env))
+    return env
+
+
+def run_overrides(args) -> list[str]:
+    overrides = []
+    mesh = args.mesh or (_preset_name(args) if args.accelerator_type else "")
+    if mesh and mesh != "none":
+        preset = meshes.mesh_preset(mesh, fsdp=args.fsdp, tensor=args.tensor)
+        overrides += meshes.config_overrides(preset)
+    return overrides + list(args.extra)
+
+
+def run_script(args) -> str:
+    """What each worker runs: the experiment in the background (detached), or in the foreground."""
+    workdir = common.check_workdir(args.workdir, multi_host=True,
+                                   allow_local=args.allow_local_workdir)
+    venv = common.remote_path(args.venv, "--venv")
+    logs = common.remote_path(args.log_dir, "--log-dir")
+    run = args.run_name
+    cmd = common.experiment_command(f"{venv}/bin/python", args.config, workdir,
+                                    run_overrides(args), run_env(args))
+    log = f"{logs}/{run}.$(hostname).log"
+    pid = f"{logs}/{run}.pid"
+    lines = ["set -euo pipefail", f"mkdir -p {logs}", f"cd {CHECKOUT}"]
+    if args.foreground:
+        lines.append(f"{cmd} 2>&1 | tee {log}")
+        return "; ".join(lines)
+    upload = ""
+    if workdir.startswith("gs://"):
+        # Keep each worker's log next to the checkpoints once the run ends (also after a crash).
+        upload = (f"; gcloud storage cp {log} {shlex.quote(workdir + '/logs/')} "
+                  ">/dev/null 2>&1 || true")
+    inner = f"{cmd} > {log} 2>&1; rc=$?{upload}; exit $rc"
+    lines += [
+        f"if [ -f {pid} ] && kill -0 $(cat {pid}) 2>/dev/null; then "
+        f"echo \"{run} is already running on $(hostname)\"; exit 1; fi",
+        # setsid + nohup: the job outlives the ssh session; the pid is its process group.
+        f"setsid nohup bash -c {shlex.quote(inner)} > /dev/null 2>&1 < /dev/null & "
+        f"echo $! > {pid}",
+        f"echo \"started {run} on $(hostname): log {log}\"",
+    ]
+    return "; ".join(lines)
+
+
+def run_plan(args) -> common.Plan:
+    return ssh_all(args, run_script(args),
+                   note=f"start {args.config} on every worker, workdir {args.workdir}")
+
+
+def logs_plan(args) -> common.Plan:
+    logs = common.remote_path(args.log_dir, "--log-dir")
+    pattern = f"{logs}/{args.run_name}.*.log"
+    if args.collect:
+        # scp paths are relative to the remote home; `~` is not expanded by every scp mode.
+        remote = pattern[2:] if pattern.startswith("~/") else pattern
+        plan = common.Plan()
+        plan.add(["mkdir", "-p", args.collect])
+        for i, node in enumerate(node_names(args.name, args.num_slices)):
+            plan.add(["gcloud", "compute", "tpus", "tpu-vm", "scp", f"{node}:{remote}",
+                      args.collect, *_where(args), "--worker=all"],
+                     note="copy every worker's log here" if i == 0 else "")
+        return plan
+    tail = f"tail -n {args.lines} {'-F ' if args.follow else ''}{pattern}"
+    return ssh_all(args, tail, worker=args.worker,
+                   note=f"worker {args.worker} logs (process 0 writes the metrics)")
+
+
+def stop_plan(args) -> common.Plan:
+    pid = f"{common.remote_path(args.log_dir, '--log-dir')}/{args.run_name}.pid"
+    return ssh_all(args, f"if [ -f {pid} ]; then kill -- -$(cat {pid}) 2>/dev/null || true; "
+                         f"rm -f {pid}; fi",
+                   note=f"stop {args.run_name} on every worker (its process group)")
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def _common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", required=True, help="queued resource id (and node id / prefix)")
+    p.add_argument("--zone", required=True, help="e.g. us-central2-b (v4), us-west4-a (v5e)")
+    p.add_argument("--project", default="", help="GCP project (default: gcloud's)")
+    p.add_argument("--accelerator-type", default="", help="one slice, e.g. v4-32, v5litepod-16")
+    p.add_argument("--num-slices", type=int, default=1, help="slices joined over DCN")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+
+
+def _create_flags(p):
+    p.add_argument("--mode", choices=MODES, default="spot")
+    p.add_argument("--runtime-version", default="", help="default: by TPU generation")
+    p.add_argument("--gcloud-flag", action="append", default=[],
+                   help="extra flag for `queued-resources create`, e.g. --network=my-net")
+    p.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="return once requested instead of waiting for ACTIVE")
+    p.add_argument("--poll-seconds", type=int, default=30)
+
+
+def _setup_flags(p):
+    p.add_argument("--source", choices=("local", "git"), default="local")
+    p.add_argument("--source-dir", default=str(common.REPO_ROOT), help="checkout to copy")
+    p.add_argument("--git-url", default="")
+    p.add_argument("--git-ref", default="", help="branch, tag or commit")
+    p.add_argument("--python", default=common.PYTHON_VERSION)
+    p.add_argument("--jax-version", default=common.JAX_VERSION)
+    p.add_argument("--venv", default=VENV)
+    p.add_argument("--gcsfuse-bucket", default="", help="mount this bucket on every worker")
+    p.add_argument("--gcsfuse-mount", default="/mnt/gcs")
+
+
+def _run_flags(p):
+    p.add_argument("--config", required=True, help="experiment config, relative to the checkout")
+    p.add_argument("--workdir", required=True, help="gs://BUCKET/PATH shared by all workers")
+    p.add_argument("--run-name", default="", help="log file names (default: workdir basename)")
+    p.add_argument("--mesh", default="", help="mesh preset (default: from the slice), or none")
+    p.add_argument("--fsdp", type=int, default=1, help="fsdp share of each slice's devices")
+    p.add_argument("--tensor", type=int, default=1, help="tensor share of each slice's devices")
+    p.add_argument("--env", action="append", default=[], help="NAME=VALUE for every worker")
+    p.add_argument("--foreground", action="store_true", help="stream output; dies with ssh")
+    p.add_argument("--allow-local-workdir", action="store_true",
+                   help="the workdir is a shared mount (gcsfuse / NFS), not gs://")
+    p.add_argument("--log-dir", default=LOG_DIR)
+    if not any(a.dest == "venv" for a in p._actions):
+        p.add_argument("--venv", default=VENV)
+
+
+def _log_flags(p):
+    p.add_argument("--run-name", required=True)
+    p.add_argument("--worker", default="0", help="worker index or 'all'")
+    p.add_argument("--lines", type=int, default=100)
+    p.add_argument("--follow", action="store_true", help="tail -F")
+    p.add_argument("--collect", default="", help="copy every worker's log to this local dir")
+    p.add_argument("--log-dir", default=LOG_DIR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m launch.tpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    groups = {
+        "create": [_create_flags], "delete": [], "status": [], "setup": [_setup_flags],
+        "run": [_run_flags], "logs": [_log_flags], "up": [_create_flags, _setup_flags, _run_flags],
+    }
+    for name, adders in groups.items():
+        p = sub.add_parser(name)
+        _common_flags(p)
+        for add in adders:
+            add(p)
+    p = sub.add_parser("stop")
+    _common_flags(p)
+    p.add_argument("--run-name", required=True)
+    p.add_argument("--log-dir", default=LOG_DIR)
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    argv = list(argv)
+    extra = []
+    if "--" in argv:  # everything after `--` goes to sptlib.main
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
+        # sptlib.main has no --dry-run: one typed after `--` still means "print, run nothing".
+        if "--dry-run" in extra:
+            extra.remove("--dry-run")
+            argv.append("--dry-run")
+    args = build_parser().parse_args(argv)
+    args.extra = extra
+    if args.num_slices < 1:
+        raise SystemExit("--num-slices must be >= 1")
+    if hasattr(args, "workdir") and not args.run_name:
+        args.run_name = args.workdir.rstrip("/").rsplit("/", 1)[-1] or "run"
+    return args
+
+
+def make_plan(args) -> common.Plan:
+    builders = {"create": create_plan, "delete": delete_plan, "status": status_plan,
+                "setup": setup_plan, "run": run_plan, "logs": logs_plan, "stop": stop_plan}
+    if args.cmd == "up":
+        plan = create_plan(args)
+        plan.extend(setup_plan(args))
+        plan.extend(run_plan(args))
+        return plan
+    return builders[args.cmd](args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = make_plan(args)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    common.execute(plan, args.dry_run)
+
+
+if __name__ == "__main__":
+    main()
