@@ -1,0 +1,141 @@
+"""Retrieval (AAN) reader, Fashion-MNIST idx files, TFDS-backed tasks on mock data."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+from sptlib.data import aan, data_config, fashion_mnist, get_task
+from sptlib.data.errors import DataError
+
+
+def write_aan(lra_dir, rows_by_split):
+    d = lra_dir / "tsv_data"
+    d.mkdir(parents=True)
+    for split, fname in aan.SPLIT_FILES.items():
+        (d / fname).write_text("".join("\t".join(r) + "\n" for r in rows_by_split[split]))
+
+
+def test_aan_release_format(tmp_path):
+    rows = [("1.0", "a1", "b1", "hello world", "héllo"), ("0.0", "a2", "b2", "x" * 30, "y")]
+    write_aan(tmp_path, {"train": rows, "validation": rows[:1], "test": rows[1:]})
+    cfg = data_config()
+    cfg.update(task="retrieval", lra_dir=str(tmp_path), max_length=16)
+    task = get_task(cfg)
+    assert task.info["pair"] and task.info["vocab_size"] == 258
+    b = next(task.make_iterator("train", batch_size=2, seed=0, num_epochs=1,
+                                drop_remainder=False))
+    order = np.argsort(-b["label"])  # label 1 first
+    assert b["label"][order].tolist() == [1, 0]
+    first = b["inputs"][order[0]]
+    assert first[:11].tolist() == [c + 2 for c in b"hello world"] and first[11:].sum() == 0
+    assert b["inputs2"][order[0]][:6].tolist() == [c + 2 for c in "héllo".encode()]
+    assert b["mask2"][order[0]].sum() == 6 and b["mask"][order[1]].all()
+    assert task.num_truncated["train"] == 1  # the 30-byte document
+
+
+@pytest.mark.parametrize("row,needle", [
+    ("1\ta\tb\tonly four", "expected 5 tab-separated columns"),
+    ("yes\ta\tb\tt1\tt2", "is not a number"),
+    ("2\ta\tb\tt1\tt2", "is not 0 or 1"),
+])
+def test_aan_bad_rows(tmp_path, row, needle):
+    path = tmp_path / "new_aan_pairs.train.tsv"
+    path.write_text("0\ta\tb\tt1\tt2\n" + row + "\n")
+    with pytest.raises(DataError, match=needle) as e:
+        aan.read_split(str(path))
+    assert f"{path}:2:" in str(e.value)
+    with pytest.raises(DataError, match="new_aan_pairs.eval.tsv: AAN retrieval split file"):
+        aan.read_split(str(tmp_path / "new_aan_pairs.eval.tsv"))
+
+
+def write_idx(path, array, magic, compress):
+    header = struct.pack(">II", magic, len(array))
+    if array.ndim == 3:
+        header += struct.pack(">II", *array.shape[1:])
+    data = header + array.astype(np.uint8).tobytes()
+    if compress:
+        with gzip.open(str(path) + ".gz", "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+def test_fashion_mnist_idx(tmp_path):
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 256, (20, 28, 28))
+    test = rng.integers(0, 256, (5, 28, 28))
+    write_idx(tmp_path / "train-images-idx3-ubyte", train, 2051, True)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.arange(20) % 10, 2049, True)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", test, 2051, False)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.arange(5), 2049, False)
+    cfg = data_config()
+    cfg.update(task="fashion_mnist", fashion_mnist_dir=str(tmp_path), input_type="tokens")
+    task = get_task(cfg)
+    assert [task.num_examples(s) for s in ("train", "validation", "test")] == [18, 2, 5]
+    b = next(task.make_iterator("validation", batch_size=2, seed=0, num_epochs=1))
+    np.testing.assert_array_equal(b["inputs"], train[18:].reshape(2, 784) + 2)
+    assert b["label"].tolist() == [8, 9]
+    cfg.update(resolution=14, input_type="continuous")
+    b = next(get_task(cfg).make_iterator("test", batch_size=5, seed=0, num_epochs=1))
+    pooled = np.round(test.reshape(5, 14, 2, 14, 2).mean((2, 4)))
+    np.testing.assert_array_equal(b["raw"][..., 0], pooled.reshape(5, 196))
+    assert b["inputs"].shape == (5, 196, 1) and b["inputs"].dtype == np.float32
+    # Bad magic names the file.
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.arange(5), 2051 + 7, False)
+    with pytest.raises(DataError, match="t10k-labels-idx1-ubyte: bad idx magic"):
+        fashion_mnist.load(str(tmp_path), "test")
+
+
+def test_fashion_mnist_missing_says_how_to_install(tmp_path):
+    cfg = data_config()
+    cfg.update(task="fashion_mnist", fashion_mnist_dir=str(tmp_path / "none"))
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
+        get_task(cfg)
+
+
+@pytest.fixture(scope="module")
+def tfds_mock():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    return tfds
+
+
+def test_text_and_cifar_tasks_on_mock_data(tfds_mock):
+    with tfds_mock.testing.mock_data(num_examples=10):
+        cfg = data_config()
+        cfg.update(task="text", max_length=64)
+        task = get_task(cfg)
+        recs = task.source("validation")._records
+        b = next(task.make_iterator("validation", batch_size=4, seed=0, num_epochs=1))
+        for j in range(4):
+            raw = recs[j]["text"].encode()[:64]
+            assert b["inputs"][j, :len(raw)].tolist() == [c + 2 for c in raw]
+            assert b["mask"][j].sum() == len(raw) and b["label"][j] == recs[j]["label"]
+        for rgb, shape in ((False, (4, 1024, 1)), (True, (4, 1024, 3))):
+            cfg = data_config()
+            cfg.update(task="scifar" if rgb else "image", input_type="continuous")
+            task = get_task(cfg)
+            recs = task.source("test")._records
+            b = next(task.make_iterator("test", batch_size=4, seed=0, num_epochs=1))
+            assert b["inputs"].shape == shape and task.info["d_input"] == shape[-1]
+            img = recs[1]["image"].astype(np.float64)
+            want = img.reshape(-1, 3) if rgb else np.round(
+                img @ [0.2989, 0.5870, 0.1140]).reshape(-1, 1)
+            np.testing.assert_array_equal(b["raw"][1], want)
+        cfg.update(input_type="tokens")
+        task = get_task(cfg)
+        assert task.info["max_length"] == 3072
+        assert next(task.make_iterator("train", batch_size=2, seed=0))["inputs"].shape == (2, 3072)
+
+
+def test_speech_commands_on_mock_data(tfds_mock):
+    with tfds_mock.testing.mock_data(num_examples=6):
+        cfg = data_config()
+        cfg.update(task="speech_commands", input_type="continuous")
+        task = get_task(cfg)
+        recs = task.source("train")._records
+        b = next(task.make_iterator("train", batch_size=3, seed=0, num_epochs=1))
+        assert b["inputs"].shape == (3, 16000, 1) and b["raw"].max() <= 255
+        lengths = sorted(len(recs[i]["audio"]) for i in range(6))
+        assert all(int(m.sum()) in lengths for m in b["mask"])
