@@ -2,7 +2,7 @@
 
 The mesh always has the three axes `("data", "fsdp", "tensor")` (in that order). On a multi-slice
 system the `data` and `fsdp` axes additionally span slices (`dcn_data`, `dcn_fsdp`): the device
-array is built by `mesh_utils.create_hybrid_device_mesh`, so the axis size seen by the program is
+array is built by `sptlib.meshes.device_array`, so the axis size seen by the program is
 `dcn_data * data` (resp. `dcn_fsdp * fsdp`).
 
 Parameters carry logical axis names (docs/architecture.md); `default_rules()` maps them onto mesh
@@ -21,8 +21,9 @@ import jax
 import ml_collections
 import numpy as np
 from flax import linen as nn
-from jax.experimental import mesh_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from sptlib import meshes
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -80,58 +81,35 @@ def normalize_rules(rules):
     return tuple(out)
 
 
-def _resolve_shape(sizes, n_devices, what):
-    """Replaces a single -1 in `sizes` so the product is `n_devices`."""
-    sizes = list(sizes)
-    if sizes.count(-1) > 1:
-        raise ValueError(f"At most one {what} mesh axis may be -1, got {sizes}")
-    if -1 in sizes:
-        known = math.prod(s for s in sizes if s != -1)
-        if known <= 0 or n_devices % known:
-            raise ValueError(
-                f"{what} mesh axes {sizes} (product of fixed axes {known}) cannot fill "
-                f"{n_devices} devices")
-        sizes[sizes.index(-1)] = n_devices // known
-    if math.prod(sizes) != n_devices:
-        raise ValueError(
-            f"{what} mesh axes {dict(zip(MESH_AXES, sizes))} have product {math.prod(sizes)} "
-            f"but there are {n_devices} devices")
-    return sizes
-
-
 def create_mesh(mesh_cfg, devices=None):
     """Builds the `("data", "fsdp", "tensor")` mesh described by `mesh_cfg`.
+
+    The device arrangement (topology-aware on TPU, hybrid ICI x DCN for multi-slice, also on
+    fake CPU devices) is `sptlib.meshes.device_array`'s.
 
     Args:
       mesh_cfg: `config.mesh` (see `mesh_config`).
       devices: devices to use (default: all, `jax.devices()`).
 
     Returns:
-      A `jax.sharding.Mesh` (auto axis types, so `jax.jit` shardings and GSPMD propagation
+      A `jax.sharding.Mesh` with auto axis types (so `jax.jit` shardings and GSPMD propagation
       behave as with the classic API).
 
     Raises:
       ValueError: if the axis sizes do not multiply to the device count (names both numbers).
     """
     devices = list(jax.devices() if devices is None else devices)
-    n = len(devices)
-    dcn = [int(mesh_cfg.get("dcn_data", 1)), int(mesh_cfg.get("dcn_fsdp", 1)), 1]
-    n_slices = math.prod(dcn)
-    if n_slices < 1 or n % n_slices:
-        raise ValueError(f"dcn axes {dcn[:2]} (product {n_slices}) do not divide {n} devices")
-    ici = _resolve_shape([int(mesh_cfg.data), int(mesh_cfg.fsdp), int(mesh_cfg.tensor)],
-                         n // n_slices, "ICI" if n_slices > 1 else "")
-    if n_slices > 1:
-        device_array = mesh_utils.create_hybrid_device_mesh(
-            ici, dcn, devices, allow_split_physical_axes=True)
-    else:
-        try:
-            device_array = mesh_utils.create_device_mesh(
-                ici, devices, allow_split_physical_axes=True)
-        except (ValueError, NotImplementedError, AssertionError):
-            # Unknown topologies (e.g. subsets of CPU devices): a plain reshape is always valid.
-            device_array = np.asarray(devices, dtype=object).reshape(ici)
-    return jax.sharding.Mesh(device_array, MESH_AXES)
+    # Checks sizes first so a wrong mesh is always a ValueError naming both device counts.
+    meshes.resolve_axis_sizes(mesh_cfg, len(devices))
+    try:
+        return meshes.build_mesh(mesh_cfg, devices)
+    except (NotImplementedError, AssertionError):
+        # Device subsets of unknown topology (e.g. 1 of 8 fake CPU devices): a plain reshape.
+        sizes = meshes.resolve_axis_sizes(mesh_cfg, len(devices))
+        shape = [sizes["dcn_data"] * sizes["data"], sizes["dcn_fsdp"] * sizes["fsdp"],
+                 sizes["tensor"]]
+        return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
+                                 axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
 def _multihost_env():
