@@ -139,3 +139,29 @@ def test_speech_commands_on_mock_data(tfds_mock):
         assert b["inputs"].shape == (3, 16000, 1) and b["raw"].max() <= 255
         lengths = sorted(len(recs[i]["audio"]) for i in range(6))
         assert all(int(m.sum()) in lengths for m in b["mask"])
+
+
+def test_lra_tfds_builders_match_file_readers(tmp_path):
+    """source='tfds' (ArrayRecord prepared from the release files) yields the same batches."""
+    pytest.importorskip("tensorflow_datasets")
+    from sptlib.data import listops, pathfinder
+    lra = tmp_path / "lra"
+    listops.generate_release(str(lra), num_train=12, num_val=4, num_test=4, seed=0,
+                             min_length=10, max_length=40)
+    pathfinder.generate_release(str(lra), resolution=32, num=20, seed=0, contour_length=14)
+    write_aan(lra, {s: [("1", "a", "b", "doc one", "doc two"), ("0", "c", "d", "x", "yy")]
+                    for s in aan.SPLIT_FILES})
+    for task_name, input_type in (("listops", "tokens"), ("pathfinder", "continuous"),
+                                  ("retrieval", "tokens")):
+        batches = {}
+        for source in ("files", "tfds"):
+            cfg = data_config()
+            cfg.update(task=task_name, lra_dir=str(lra), tfds_data_dir=str(tmp_path / "tfds"),
+                       source=source, input_type=input_type, max_length=0)
+            it = get_task(cfg).make_iterator("test", batch_size=2, seed=0, num_epochs=1,
+                                             drop_remainder=False)
+            batches[source] = list(it)
+        for a, b in zip(batches["files"], batches["tfds"]):
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=f"{task_name}/{k}")
