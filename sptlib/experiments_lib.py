@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import sys
 from typing import Any
@@ -367,3 +368,101 @@ def tiny(config, *, steps: int = 2, d_model: int = 16, n_layers: int = 1,
             d.resolution = 8 if max_length <= 64 else 16
             d.max_length = 0
     return config
+
+
+def local_pathfinder(model: str, regime: str, *, resolution: int, contour_length: int,
+                     num_train: int, num_eval: int, n_layers: int, d_model: int, steps: int,
+                     pretrain_steps: int, batch_size: int, lr: float, eval_every: int,
+                     compare: dict, data_seed: int = 0, n_heads: int = 4,
+                     ffn_mult: int = 2, d_state: int = 64) -> ml_collections.ConfigDict:
+    """A CPU-sized Pathfinder comparison on generated images (quickstart, local reproduction).
+
+    Every model gets the same width, depth, optimiser and budget; SSM parameters take lr 1e-3 and
+    no weight decay as in the paper. The generator seed `data_seed` fixes the images for every
+    training seed; the validation and test images come from the generator's own streams (the data
+    module draws each split from a separate seed).
+    """
+    from sptlib.train import config as train_config
+
+    task = dataclasses.replace(
+        TASKS["pathfinder"], data=dict(task="pathfinder", input_type="continuous",
+                                       resolution=resolution))
+    recipe = Recipe(n_layers, d_model, batch_size, lr, 0.01, 1, warmup_steps=min(100, steps // 10),
+                    schedule="cosine", n_heads=n_heads, ffn_mult=ffn_mult, norm="layer")
+    c = train_config.base_config()
+    with c.unlocked():
+        c.data.update(task.data)
+        c.data.difficulty = DIFFICULTY_NAMES.get(contour_length, c.data.difficulty)
+        c.data.generate.enabled = True
+        c.data.generate.contour_length = contour_length
+        c.data.generate.seed = data_seed
+        total = int(round((num_train + 2 * num_eval)))
+        c.data.generate.num_train = num_train
+        c.data.generate.num_val = num_eval
+        c.data.generate.num_test = num_eval
+        c.data.lra_dir = os.path.join("data", f"pathfinder_gen_seed{data_seed}_n{total}")
+        set_model(c.model, model, task, recipe)
+        for sub in ("s4", "s4d", "dss", "s5"):
+            c.model[sub].d_state = d_state
+        for name in ("pretrain", "finetune", "scratch"):
+            s = c.stages[name]
+            s.batch_size = batch_size
+            set_optim(s, recipe, ssm=not model.startswith("transformer"))
+            s.eval_every = s.checkpoint_every = eval_every
+            s.log_every = max(1, eval_every // 2)
+        apply_regime(c, regime, task=task, pretrain_steps=pretrain_steps, finetune_steps=steps)
+        add_compare(c, **compare)
+    c.lock()
+    return c
+
+
+DIFFICULTY_NAMES = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Compute estimates (docs/reproducing.md).
+# ------------------------------------------------------------------------------------------------
+
+TPU_V4_PEAK_FLOPS = 275e12  # bf16 per chip
+DEFAULT_MFU = 0.3  # assumed utilisation; long-sequence models rarely do better
+
+
+def sequence_length(config) -> int:
+    d = config.data
+    if d.max_length:
+        return int(d.max_length)
+    res = d.resolution or {"pathfinder": 32, "pathx": 128, "pathx256": 256}.get(d.task, 0)
+    if d.task in ("pathfinder", "pathx", "pathx256"):
+        return int(res * res)
+    return {"listops": 2000, "text": 4096, "retrieval": 4000, "image": 1024, "scifar": 1024,
+            "speech_commands": 16000, "fashion_mnist": 784}.get(d.task, 1024)
+
+
+def estimate_flops(config, stage: str, num_params: int) -> dict:
+    """Training FLOPs of one stage: 6 · params · tokens for the dense layers, plus attention's
+    L² term (window-limited) or the SSMs' FFT convolutions.
+
+    Returns {flops, tokens, tpu_v4_hours (at DEFAULT_MFU), seq_len}.
+    """
+    st = config.stages[stage]
+    m = config.model
+    L = sequence_length(config)
+    docs = 2 if config.data.task == "retrieval" else 1
+    tokens = st.num_steps * st.batch_size * L * docs
+    flops = 6.0 * num_params * tokens
+    n_attn = 0
+    if m.mixer == "attention":
+        n_attn = m.n_layers
+    elif m.pattern == "gss_hybrid":
+        n_attn = len(range(1, m.n_layers, 4))
+    span = min(L, 2 * m.attention.window) if m.attention.window else L
+    # QK^T and AV: 2 matmuls × 2 FLOPs per MAC × span × d per token, ×3 for the backward pass.
+    flops += 3 * 4.0 * span * m.d_model * tokens * n_attn
+    n_ssm = m.n_layers - n_attn if m.mixer != "attention" else 0
+    if n_ssm:
+        # rfft / irfft of length 2L per channel (~5 · 2L · log2 2L each, 3 transforms), ×3 bwd.
+        fft = 3 * 5.0 * 2 * math.log2(2 * L) * 3
+        width = m.d_model if m.mixer != "gss" else max(m.d_model // 4, 1)
+        flops += fft * width * tokens * n_ssm * (2 if not m.causal else 1)
+    hours = flops / (TPU_V4_PEAK_FLOPS * DEFAULT_MFU) / 3600.0
+    return {"flops": flops, "tokens": tokens, "tpu_v4_hours": hours, "seq_len": L}

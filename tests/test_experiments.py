@@ -1,0 +1,156 @@
+"""Every experiment config builds its model and trains one step at a tiny size (no data needed:
+batches are synthesised to the task's shapes), so no config rots."""
+
+import glob
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from sptlib import experiments_lib as lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LRA = lib.load_module(os.path.join(ROOT, "experiments", "lra.py"))
+SSM_MIXERS = ("s4", "s4d", "dss", "dlr", "s5", "gss")
+
+
+def _needs_zoo(model):
+    if any(model.startswith(m) for m in SSM_MIXERS):
+        # The SSM layers land separately; until then these cells are skipped, not passed.
+        pytest.importorskip("sptlib.layers.ssm")
+
+
+def fake_info(cfg):
+    d = cfg.data
+    cont = d.input_type == "continuous"
+    classes = {"listops": 10, "image": 10, "scifar": 10, "speech_commands": 35}.get(d.task, 2)
+    return dict(vocab_size=0 if cont else 260, num_classes=classes,
+                max_length=lib.sequence_length(cfg), input_type=d.input_type,
+                d_input=cfg.model.d_input if cont else 1, pair=d.task == "retrieval")
+
+
+def fake_batch(info, batch_size, rng):
+    B, L = batch_size, info["max_length"]
+    b = {"mask": np.ones((B, L), bool), "example_mask": np.ones((B,), bool),
+         "label": rng.integers(0, info["num_classes"], B).astype(np.int32)}
+    b["mask"][:, L - L // 4:] = False  # some padding, so masks are exercised
+    if info["input_type"] == "continuous":
+        b["raw"] = rng.integers(0, 256, (B, L, info["d_input"])).astype(np.int32)
+        b["inputs"] = (b["raw"] / 127.5 - 1.0).astype(np.float32)
+    else:
+        b["inputs"] = rng.integers(2, info["vocab_size"], (B, L)).astype(np.int32)
+    if info["pair"]:
+        b["inputs2"], b["mask2"] = b["inputs"][::-1].copy(), b["mask"].copy()
+    return b
+
+
+def train_one_step(cfg):
+    """Builds every stage's model and objective and runs one real step; returns the losses."""
+    from sptlib import models, objectives
+    from sptlib.train import optim, sharding, steps
+
+    info = fake_info(cfg)
+    mesh = sharding.create_mesh(cfg.mesh)
+    rules = [tuple(r) for r in cfg.logical_axis_rules]
+    rng = np.random.default_rng(0)
+    losses = {}
+    for name in cfg.stage_order:
+        st = cfg.stages[name]
+        obj = objectives.get_objective(st.objective)
+        model = models.build_model(cfg.model, obj.head(info, cfg.model))
+        host = fake_batch(info, st.batch_size, rng)
+        abstract, _ = steps.state_logical_specs(model, obj, host)
+        tx = optim.make_optimizer(st.optim, abstract["params"], st.num_steps)
+        state, shardings = steps.init_train_state(model, tx, host, jax.random.key(0), mesh, rules,
+                                                  objective=obj)
+        step = steps.make_train_step(model, obj, tx, mesh, shardings, rules)
+        state, metrics = step(state, sharding.shard_batch(host, mesh, rules))
+        loss = float(np.asarray(metrics["loss"][0] if isinstance(metrics["loss"], tuple)
+                                else metrics["loss"]))
+        assert np.isfinite(loss), (name, loss)
+        losses[name] = loss
+    return losses
+
+
+def test_every_lra_task_model_regime_config_resolves():
+    """All 7 × 9 × 4 LRA cells build a consistent config (cheap: no JAX)."""
+    from sptlib.train import config as train_config
+    for task in LRA.TASKS:
+        for model in lib.MODELS:
+            for regime in lib.REGIMES:
+                c = LRA.get_config(f"{task},{model},{regime}")
+                train_config.validate(c)
+                assert c.data.task == task
+                if regime.startswith("spt"):
+                    assert c.stage_order == ("pretrain", "finetune")
+                    assert c.stages.finetune.init_from == "pretrain"
+                    assert (c.stages.finetune.num_steps == c.stages.scratch.num_steps)
+                    if regime == "spt-masked":
+                        assert c.stages.pretrain.objective.mask_rate == lib.TASKS[task].mask_rate
+                    else:
+                        assert c.model.causal
+                elif regime == "scratch-equal-compute":
+                    assert c.stages.scratch.num_steps == 2 * c.stages.finetune.num_steps
+    # Paper facts spot-checked against DESIGN.md §3.
+    c = LRA.get_config("listops,s4,spt-masked")
+    assert (c.model.n_layers, c.model.d_model, c.stages.pretrain.objective.mask_rate) == (
+        8, 128, 0.10)
+    c = LRA.get_config("pathx256,transformer,scratch")
+    assert (c.model.n_layers, c.model.d_model, c.model.attention.window) == (4, 128, 8192)
+    c = LRA.get_config("image,transformer,spt-masked")
+    assert (c.model.n_layers, c.model.d_model, c.model.attention.n_heads,
+            c.model.ffn_mult) == (3, 64, 4, 2)
+
+
+# One real tiny step per task (alternating models) and per model (alternating tasks), not the
+# full cross product: every task's data shapes / heads and every mixer are exercised.
+_CELLS = sorted({(t, ("transformer", "s4d")[i % 2], ("spt-masked", "scratch")[i % 2])
+                 for i, t in enumerate(LRA.TASKS)}
+                | {(("listops", "image", "pathfinder")[i % 3], m, ("spt-masked", "spt-causal")[
+                    m == "transformer-causal"]) for i, m in enumerate(lib.MODELS)})
+
+
+@pytest.mark.parametrize("task,model,regime", _CELLS)
+def test_lra_config_trains_one_tiny_step(task, model, regime):
+    _needs_zoo(model)
+    cfg = lib.tiny(LRA.get_config(f"{task},{model},{regime}"))
+    losses = train_one_step(cfg)
+    assert set(losses) == set(cfg.stage_order)
+
+
+_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
+                if os.path.basename(p) not in ("__init__.py", "smoke.py", "lra.py"))
+
+
+@pytest.mark.parametrize("path", _FILES, ids=os.path.basename)
+def test_other_experiment_files_train_one_tiny_step(path):
+    """Every other file's default config and every model of its compare grid train one step."""
+    module = lib.load_module(path)
+    base = module.get_config()
+    assert len(base.compare.seeds) >= 1 and base.compare.models and base.compare.regimes
+    pos = getattr(module, "POSITIONAL", ())
+    for model in base.compare.models:
+        _needs_zoo(model)
+        regime = "spt-masked" if "spt-masked" in base.compare.regimes else base.compare.regimes[0]
+        cfg = module.get_config(lib.format_arg({"model": model, "regime": regime}))
+        assert "model" in pos and "regime" in pos
+        train_one_step(lib.tiny(cfg))
+
+
+def test_parse_and_format_arg_round_trip():
+    a = lib.parse_arg("image,s4d,regime=scratch,scale=0.5", ("task", "model", "regime"))
+    assert a == {"task": "image", "model": "s4d", "regime": "scratch", "scale": "0.5"}
+    assert lib.parse_arg(lib.format_arg(a), ("task",)) == a
+    with pytest.raises(ValueError, match="Too many positional"):
+        lib.parse_arg("a,b,c", ("x", "y"))
+
+
+def test_flops_estimate_matches_hand_count():
+    """A dense Transformer stage: 6 · N · tokens + 12 · L · d · tokens · layers."""
+    c = LRA.get_config("image,transformer,scratch")
+    est = lib.estimate_flops(c, "scratch", num_params=1000)
+    tokens = c.stages.scratch.num_steps * 32 * 1024
+    assert est["tokens"] == tokens
+    assert est["flops"] == pytest.approx(6 * 1000 * tokens + 12 * 1024 * 64 * tokens * 3)
+    assert est["tpu_v4_hours"] == pytest.approx(est["flops"] / (275e12 * 0.3) / 3600)
