@@ -6,6 +6,7 @@
 Also installed as the `spt-train` console script. Re-running the same command resumes.
 """
 
+import logging as pylogging
 import sys
 
 from absl import app
@@ -21,9 +22,20 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (local path or gs
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+class _LibraryInfoFilter(pylogging.Filter):
+    """Drops INFO/DEBUG records of chatty libraries (orbax logs every file of every save)."""
+
+    _QUIET = ("/orbax/", "/grain/")
+
+    def filter(self, record):
+        return record.levelno >= pylogging.WARNING or not any(
+            q in record.pathname for q in self._QUIET)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    pylogging.getLogger("absl").addFilter(_LibraryInfoFilter())
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
     from sptlib import pipeline
     from sptlib.train import loop

@@ -337,7 +337,7 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
             if _matches(path, dont_load):
                 if path in tflat:
                     report["not_loaded"].append(shown)
-                else:
+                if path in sflat:
                     report["skipped_from_checkpoint"].append(shown)
                 continue
             if path not in sflat:

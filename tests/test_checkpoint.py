@@ -1,0 +1,223 @@
+"""Checkpoints: retention (latest k + best), corrupt/partial fallback, init_from transfer.
+
+Truths: hand-computed retention sets; arrays read back from the files with a second, independent
+orbax reader (NumPy, no target sharding); a fresh init with the same seed for the head.
+"""
+
+import json
+import logging
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from etils import epath
+
+from sptlib import models
+from sptlib.models import config as model_config_lib
+from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import config as config_lib
+from sptlib.train import optim
+from sptlib.train import sharding
+from sptlib.train import steps
+from sptlib.train.state import TrainState
+
+VOCAB, LENGTH = 12, 16
+
+
+def _toy_state(seed=0, scale=1.0):
+    """A small TrainState-shaped tree of distinct arrays (no model needed)."""
+    r = np.random.default_rng(seed)
+    return TrainState(step=jnp.int32(seed),
+                      params={"backbone": {"w": jnp.asarray(r.normal(size=(3, 4)) * scale,
+                                                            jnp.float32)},
+                              "head": {"b": jnp.asarray(r.normal(size=(5,)), jnp.float32)}},
+                      opt_state=(jnp.zeros(3), {}), model_state={},
+                      rng=jnp.asarray([seed, 7], jnp.uint32))
+
+
+def _read_file_arrays(step_dir):
+    """Independent read of a saved state: every array as NumPy, no target, no sharding."""
+    with ocp.PyTreeCheckpointer() as c:
+        meta = ckpt_lib._saved_tree(epath.Path(step_dir))
+        item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
+        return c.restore(epath.Path(step_dir) / "state", args=ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item)))
+
+
+def _tree_equal(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype
+        and np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb))
+
+
+def test_retention_keeps_latest_k_and_best(tmp_path):
+    ck = ckpt_lib.StageCheckpointer(tmp_path / "ck", keep=2, async_saves=True)
+    # step: validation accuracy (None = checkpoint without evaluation); best_mode max.
+    plan = {1: 0.3, 2: 0.9, 3: 0.4, 4: None, 5: 0.5, 6: None}
+    for step, acc in plan.items():
+        metrics = None if acc is None else {"accuracy": acc,
+                                            "score": ckpt_lib.score_of({"accuracy": acc},
+                                                                       "accuracy", "max")}
+        assert ck.save(step, _toy_state(step), {"next_index": step}, metrics=metrics)
+    ck.wait_until_finished()
+    # Latest two (5, 6) plus the best (2, accuracy .9) survive pruning.
+    assert ck.all_steps() == [2, 5, 6]
+    assert ck.best_step() == 2
+    assert ck.latest_step() == 6
+    # A second save of an existing step is refused, not an error.
+    assert not ck.save(6, _toy_state(6), None)
+    ck.close()
+    # best_mode=min: the score is the negated loss.
+    assert ckpt_lib.score_of({"loss": 2.0}, "loss", "min") > \
+        ckpt_lib.score_of({"loss": 3.0}, "loss", "min")
+    assert ckpt_lib.score_of({"loss": float("nan")}, "loss", "min") == -float("inf")
+    # resolve_init_checkpoint reads the same scores from disk: best -> 2, latest -> 6.
+    assert ckpt_lib.resolve_init_checkpoint(str(tmp_path / "ck"), None).name == "2"
+    assert ckpt_lib.resolve_init_checkpoint(str(tmp_path / "ck"), None, "latest").name == "6"
+    with pytest.raises(ckpt_lib.NoCheckpointError, match="no checkpoint"):
+        ckpt_lib.resolve_init_checkpoint("nosuchstage", tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "partial"])
+def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, damage):
+    directory = tmp_path / "ck"
+    ck = ckpt_lib.StageCheckpointer(directory, keep=3, async_saves=False)
+    for step in (10, 20, 30):
+        ck.save(step, _toy_state(step), {"next_index": step * 4})
+    ck.close()
+    state_dir = directory / "30" / "state"
+    if damage == "truncate":
+        # Corrupt every data file of the latest step (as a crash mid-copy would).
+        for f in state_dir.rglob("*"):
+            if f.is_file() and f.parent.name == "d":
+                f.write_bytes(b"\0" * 7)
+    else:
+        # A partial checkpoint: the state item is missing altogether.
+        shutil.rmtree(state_dir)
+    ck = ckpt_lib.StageCheckpointer(directory, keep=3)
+    with caplog.at_level(logging.WARNING):
+        state, it_state, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+    assert step == 20
+    assert it_state == {"next_index": 80}
+    assert _tree_equal(state, _toy_state(20))
+    assert "step 30" in caplog.text and "falling back" in caplog.text
+    # The bad folder was moved aside (kept for inspection), and is no longer a step.
+    assert ck.all_steps() == [10, 20]
+    assert [p.name.split("-")[0] for p in (directory / "corrupt").iterdir()] == ["30"]
+    ck.close()
+
+
+def test_iterator_state_roundtrip():
+    for s in ({"next_index": 3, "nested": [1, 2]}, b'{"a": 1}', None):
+        enc = ckpt_lib.encode_iterator_state(s)
+        assert ckpt_lib.decode_iterator_state(json.loads(json.dumps(enc))) == s
+
+
+# ----------------------------------------------------------------------------------------------
+# init_from: parameter transfer with a real model.
+# ----------------------------------------------------------------------------------------------
+
+def _model_cfg(**kw):
+    m = model_config_lib.model_config()
+    m.mixer, m.d_model, m.n_layers, m.vocab_size, m.max_length = "attention", 16, 2, VOCAB, LENGTH
+    m.attention.n_heads = 2
+    m.update(kw)
+    return m
+
+
+def _init(model_cfg, head, seed):
+    model = models.build_model(model_cfg, head)
+    batch = {"inputs": np.full((2, LENGTH), 3, np.int32), "mask": np.ones((2, LENGTH), bool),
+             "label": np.zeros((2,), np.int32), "example_mask": np.ones((2,), bool)}
+    mesh = sharding.create_mesh(sharding.mesh_config())
+    rules = sharding.default_rules()
+    abstract, _ = steps.state_logical_specs(model, None, batch)
+    tx = optim.make_optimizer(optim.optim_config(), abstract["params"], 10)
+    return steps.init_train_state(model, tx, batch, jax.random.PRNGKey(seed), mesh, rules)
+
+
+def _abstract_params(model_cfg, head):
+    model = models.build_model(model_cfg, head)
+    batch = {"inputs": np.full((1, LENGTH), 3, np.int32), "mask": np.ones((1, LENGTH), bool)}
+    return steps.state_logical_specs(model, None, batch)[0]["params"]
+
+
+PRETRAIN_HEAD = {"kind": "token_logits", "num_outputs": VOCAB}
+FINETUNE_HEAD = {"kind": "classify", "num_classes": 3}
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A saved 'pretrain' checkpoint (token head) at step 5 of a 2-layer model."""
+    directory = tmp_path_factory.mktemp("pre") / "checkpoints"
+    state, _ = _init(_model_cfg(), PRETRAIN_HEAD, seed=1)
+    ck = ckpt_lib.StageCheckpointer(directory, keep=1)
+    ck.save(5, state, None)
+    ck.close()
+    return directory / "5"
+
+
+def test_init_from_loads_backbone_and_keeps_fresh_head(pretrained, caplog):
+    fresh, _ = _init(_model_cfg(), FINETUNE_HEAD, seed=2)
+    fresh_head = jax.device_get(fresh.params["head"])
+    with caplog.at_level(logging.INFO):
+        params, model_state, report = ckpt_lib.load_pretrained(
+            pretrained, fresh.params, fresh.model_state, dont_load=("^head/",))
+    saved = _read_file_arrays(pretrained)["params"]
+    # Every encoder/backbone tensor equals the file, bitwise.
+    for coll in ("encoder", "backbone"):
+        assert jax.tree.structure(params[coll]) == jax.tree.structure(saved[coll])
+        assert _tree_equal(params[coll], saved[coll])
+    # The head is the fresh init (same seed => bitwise), and nothing of the pretraining head
+    # (its [d_model, vocab] output layer) made it in.
+    assert _tree_equal(params["head"], fresh_head)
+    pre_shapes = {tuple(x.shape) for x in jax.tree.leaves(saved["head"])}
+    assert (16, VOCAB) in pre_shapes
+    assert all(tuple(x.shape) != (16, VOCAB) for x in jax.tree.leaves(params["head"]))
+    assert sorted(report["not_loaded"]) == sorted(
+        "head/" + "/".join(k) for k in
+        __import__("flax").traverse_util.flatten_dict(fresh_head))
+    assert report["skipped_from_checkpoint"] and all(
+        p.startswith("head/") for p in report["skipped_from_checkpoint"])
+    n_backbone = len(jax.tree.leaves(saved["encoder"])) + len(jax.tree.leaves(saved["backbone"]))
+    assert len(report["loaded"]) == n_backbone
+    assert "not loaded (fresh init)" in caplog.text and "skipped (dont_load)" in caplog.text
+    assert model_state == {}
+
+
+@pytest.mark.parametrize("change", [{"d_model": 32}, {"n_layers": 3}])
+def test_init_from_incompatible_model_names_first_mismatch(pretrained, change):
+    # Shapes suffice: the mismatch is found before any array is read.
+    other_params = _abstract_params(_model_cfg(**change), FINETUNE_HEAD)
+    saved = _read_file_arrays(pretrained)["params"]
+    # Truth: the first (sorted) non-head path whose shape differs or which one side lacks.
+    flat = __import__("flax").traverse_util.flatten_dict
+    a = {"/".join(k): v.shape for k, v in flat(saved).items() if k[0] != "head"}
+    b = {"/".join(k): v.shape for k, v in flat(other_params).items()
+         if k[0] != "head"}
+    first = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))[0]
+    with pytest.raises(ckpt_lib.IncompatibleCheckpointError) as e:
+        ckpt_lib.load_pretrained(pretrained, other_params, {}, dont_load=("^head/",))
+    assert f"'{first}'" in str(e.value)
+    assert "does not fit the model" in str(e.value)
+
+
+def test_unknown_config_keys_are_errors():
+    c = config_lib.base_config()
+    with pytest.raises(AttributeError):
+        c.stages.pretrain.num_stepz = 3
+    with pytest.raises(AttributeError):
+        c.nonexistent = 1
+    with pytest.raises(KeyError, match="num_stepz"):
+        config_lib.stage_config(num_stepz=3)
+    c.stages.pretrain.num_steps = 7  # known keys stay writable
+    s = config_lib.stage_config(objective="masked", optim={"lr": 0.5}, num_steps=9)
+    assert (s.objective.kind, s.optim.lr, s.num_steps) == ("masked", 0.5, 9)
+    bad = config_lib.base_config()
+    bad.stage_order = ("pretrain", "nosuch")
+    with pytest.raises(ValueError, match="nosuch"):
+        config_lib.validate(bad)
