@@ -37,7 +37,15 @@ def main(argv=None):
     pf.add_argument("--images_per_folder", type=int, default=1000)
     pf.add_argument("--no_progress", action="store_true")
 
+    tp = sub.add_parser("throughput", help="measure pipeline examples/s on generated data")
+    tp.add_argument("--task", default="listops", choices=("listops", "pathfinder"))
+    tp.add_argument("--lra_dir", default="", help="existing/generated data (default: a temp dir)")
+    tp.add_argument("--batch_size", type=int, default=64)
+    tp.add_argument("--seconds", type=float, default=5.0)
+
     args = p.parse_args(argv)
+    if args.command == "throughput":
+        return _throughput(args)
     t0 = time.time()
     if args.command == "listops":
         from sptlib.data import listops
@@ -52,6 +60,26 @@ def main(argv=None):
             contour_length=args.contour_length, images_per_folder=args.images_per_folder,
             progress=not args.no_progress)
     print(f"wrote {folder} in {time.time() - t0:.1f}s")
+    return 0
+
+
+def _throughput(args):
+    import tempfile
+    from sptlib.data import data_config, get_task
+    cfg = data_config()
+    cfg.task = args.task
+    cfg.lra_dir = args.lra_dir or tempfile.mkdtemp()
+    cfg.generate.update(enabled=True, num_train=2000, num_val=10, num_test=10)
+    task = get_task(cfg)
+    it = task.make_iterator("train", batch_size=args.batch_size, seed=0)
+    next(it)
+    n, t0 = 0, time.time()
+    while time.time() - t0 < args.seconds:
+        next(it)
+        n += args.batch_size
+    print(f"{args.task}: {n / (time.time() - t0):.0f} examples/s "
+          f"(batch {args.batch_size}, length {task.info['max_length']}, "
+          f"{cfg.read_threads} read threads)")
     return 0
 
 
