@@ -21,8 +21,8 @@ from sptlib import experiments_lib as lib
 POSITIONAL = ("model", "regime")
 
 # Measured on the 2-core development machine: see docs/reproducing.md.
-STEPS = 400
-PRETRAIN_STEPS = 400
+STEPS = 300
+PRETRAIN_STEPS = 300
 BATCH = 32
 
 
