@@ -26,11 +26,11 @@ def get_config(arg=None):
     c.data.generate.max_length = 128
     c.data.read_threads = 1
     c.data.prefetch_buffer_size = 4
-    # Model: 2 tiny S4D blocks.
-    c.model.mixer = "s4d"
+    # Model: 2 tiny pre-norm Transformer blocks (any mixer works: --config.model.mixer=s4d).
+    c.model.mixer = "attention"
     c.model.d_model = 32
     c.model.n_layers = 2
-    c.model.s4d.d_state = 16
+    c.model.attention.n_heads = 2
     for name in ("pretrain", "finetune", "scratch"):
         s = c.stages[name]
         s.num_steps = 30
