@@ -111,7 +111,7 @@ def base_config():
     """Returns the default config: a masked-SPT `pretrain` stage, then a `finetune` stage.
 
     A third stage, `scratch` (classification from random init), is defined so that the baseline of
-    the same experiment is one override away: `--config.stage_order=scratch`... (see
+    the same experiment is one override away: `--config.stage_order="('scratch',)"` (see
     docs/training.md). The config is locked: unknown keys are errors.
     """
     c = ml_collections.ConfigDict()
