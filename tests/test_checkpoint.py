@@ -221,3 +221,46 @@ def test_unknown_config_keys_are_errors():
     bad.stage_order = ("pretrain", "nosuch")
     with pytest.raises(ValueError, match="nosuch"):
         config_lib.validate(bad)
+
+
+_RESHARD_SCRIPT = r'''
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train.state import TrainState
+assert jax.device_count() == 4, jax.devices()
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "tensor"))
+w = np.arange(32, dtype=np.float32).reshape(8, 4)
+target = TrainState(step=jnp.int32(0), params={"w": jnp.zeros((8, 4))}, opt_state=(),
+                    model_state={}, rng=jnp.zeros((2,), jnp.uint32))
+shardings = TrainState(step=NamedSharding(mesh, P()),
+                       params={"w": NamedSharding(mesh, P("data", "tensor"))}, opt_state=(),
+                       model_state={}, rng=NamedSharding(mesh, P()))
+ck = ckpt_lib.StageCheckpointer(sys.argv[1], keep=1)
+state, it_state = ck.restore(7, ckpt_lib.abstract_like(target, shardings))
+assert state.params["w"].sharding == shardings.params["w"], state.params["w"].sharding
+assert len(state.params["w"].addressable_shards) == 4
+assert state.params["w"].addressable_shards[0].data.shape == (4, 2)
+assert np.array_equal(np.asarray(state.params["w"]), w) and int(state.step) == 7
+assert it_state == {"next_index": 21}
+print("RESHARD-OK")
+'''
+
+
+def test_restore_onto_a_different_mesh(tmp_path):
+    """Saved from one device, restored sharded over a 2x2 mesh of 4 (fake CPU) devices."""
+    import os
+    import subprocess
+    import sys
+    state = TrainState(step=jnp.int32(7),
+                       params={"w": jnp.arange(32, dtype=jnp.float32).reshape(8, 4)},
+                       opt_state=(), model_state={}, rng=jnp.zeros((2,), jnp.uint32))
+    ck = ckpt_lib.StageCheckpointer(tmp_path / "ck", keep=1)
+    ck.save(7, state, {"next_index": 21})
+    ck.close()
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    p = subprocess.run([sys.executable, "-c", _RESHARD_SCRIPT, str(tmp_path / "ck")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "RESHARD-OK" in p.stdout, p.stderr[-3000:]

@@ -143,6 +143,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
                             stage_name, cfg_path)
         cfg_path.write_text(cfg_json)
 
+    metrics_lib.preload_writer_backend()
     # ------------------------------------------------------------------ data, model, optimizer
     seed = int(config.seed) + int(stage.seed_offset)
     task = data_lib.get_task(config.data)

@@ -7,6 +7,7 @@ Accumulation stays on device (`accumulate`, jitted) so that logging costs one tr
 """
 
 import math
+import threading
 from typing import Any, Optional
 
 from etils import epath
@@ -71,8 +72,30 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+_preload = None
+
+
+def preload_writer_backend():
+    """Starts importing clu's writers (TensorFlow, ~5-8 s of CPU) in a background thread.
+
+    Called at the start of a stage so the import overlaps data loading and XLA compilation
+    (which release the GIL) instead of delaying the first step.
+    """
+    global _preload
+    if _preload is None:
+        def _import():
+            try:
+                from clu import metric_writers  # noqa: F401  pylint: disable=unused-import
+            except Exception:  # pylint: disable=broad-except
+                pass  # the real import in create_writer raises with the reason
+        _preload = threading.Thread(target=_import, name="clu-writer-import", daemon=True)
+        _preload.start()
+
+
 def create_writer(logdir, *, is_main: bool):
     """clu writer: TensorBoard events in `logdir` plus log lines on process 0; logs elsewhere."""
+    if _preload is not None:
+        _preload.join()
     from clu import metric_writers  # imports TensorFlow/TensorBoard: keep it lazy
     if not is_main:
         return metric_writers.create_default_writer(just_logging=True, asynchronous=False)
