@@ -147,11 +147,31 @@ def real_models_available():
         return False
 
 
+_MIXER = []
+
+
+def default_mixer():
+    """"s4d" (an SSM, so the optimizer's SSM group is exercised) when the zoo builds it."""
+    if not _MIXER:
+        try:
+            import jax  # pylint: disable=import-outside-toplevel
+            from sptlib.models import build_model  # pylint: disable=import-outside-toplevel
+            model = build_model(tiny_model_config(mixer="s4d"), {"kind": "classify",
+                                                                 "num_classes": 2})
+            b = token_batch(batch=2)
+            jax.eval_shape(lambda r: model.init(r, b["inputs"], b["mask"]),
+                           jax.random.PRNGKey(0))
+            _MIXER.append("s4d")
+        except Exception:  # pylint: disable=broad-except
+            _MIXER.append("attention")
+    return _MIXER[0]
+
+
 def tiny_model_config(continuous=False, d_input=1, mask_channel=False, norm="layer",
-                      dropout=0.0, mixer="s4d", causal=False):
+                      dropout=0.0, mixer=None, causal=False):
     from sptlib.models.config import model_config  # pylint: disable=import-outside-toplevel
     c = model_config()
-    c.mixer = mixer
+    c.mixer = mixer or default_mixer()
     c.d_model = D_MODEL
     c.n_layers = 1
     c.causal = causal
@@ -163,21 +183,18 @@ def tiny_model_config(continuous=False, d_input=1, mask_channel=False, norm="lay
     c.mask_channel = mask_channel
     c.max_length = LENGTH
     c.s4d.d_state = 8
+    c.attention.n_heads = 2
     return c
 
 
 def build(head_cfg, *, continuous=False, d_input=1, mask_channel=False, norm="layer",
-          dropout=0.0, causal=False, force_tiny=False):
+          dropout=0.0, causal=False, mixer=None, force_tiny=False):
     """Returns `(model, model_cfg)` for a head; the real zoo when it exists."""
-    model_cfg = None
-    try:
-        model_cfg = tiny_model_config(continuous, d_input, mask_channel, norm, dropout,
-                                      causal=causal)
-    except ImportError:
-        pass
     if not force_tiny and real_models_available():
         from sptlib.models import build_model  # pylint: disable=import-outside-toplevel
+        model_cfg = tiny_model_config(continuous, d_input, mask_channel, norm, dropout,
+                                      mixer=mixer, causal=causal)
         return build_model(model_cfg, head_cfg), model_cfg
     model = TinyModel(head_cfg=dict(head_cfg), encoder="linear" if continuous else "token",
                       d_input=d_input, norm=norm, dropout=dropout)
-    return model, model_cfg
+    return model, None
