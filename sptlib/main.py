@@ -28,6 +28,8 @@ class _LibraryInfoFilter(pylogging.Filter):
     _QUIET = ("/orbax/", "/grain/")
 
     def filter(self, record):
+        if str(record.msg).startswith("Requested `tracked_metric`"):
+            return False  # orbax, on every checkpoint saved between evaluations: expected here
         return record.levelno >= pylogging.WARNING or not any(
             q in record.pathname for q in self._QUIET)
 

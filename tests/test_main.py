@@ -17,7 +17,7 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SMOKE_LIMIT_S = float(os.environ.get("SPTLIB_SMOKE_LIMIT_S", "90"))
+SMOKE_LIMIT_S = float(os.environ.get("SPTLIB_SMOKE_LIMIT_S", "120"))
 
 
 def _env():
