@@ -44,6 +44,8 @@ def mesh_config():
     c.coordinator_address = ""
     c.num_processes = 0
     c.process_id = -1
+    # Seconds to wait for all processes to join.
+    c.initialization_timeout = 300
     return c
 
 
@@ -143,7 +145,13 @@ def maybe_initialize_distributed(cfg):
             raise ValueError(
                 f"coordinator_address={address!r} needs num_processes >= 1 and process_id >= 0, "
                 f"got {num} and {pid}")
-        jax.distributed.initialize(address, num, pid)
+        kwargs = {}
+        if address.split(":")[0] in ("127.0.0.1", "localhost"):
+            # A loopback job (tests, one machine) must not listen on every interface.
+            kwargs["coordinator_bind_address"] = address
+        jax.distributed.initialize(
+            address, num, pid,
+            initialization_timeout=int(mesh_cfg.get("initialization_timeout", 300)), **kwargs)
     elif _multihost_env():
         jax.distributed.initialize()
     else:
