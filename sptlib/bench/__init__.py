@@ -1,0 +1,13 @@
+"""Benchmark suite: `python -m sptlib.bench [--quick] [--only mixers,train,pipeline,matmul]`.
+
+Modules:
+  common    timing (median after warm-up, `block_until_ready`), XLA memory / FLOP analysis,
+            JSON-line records, machine description;
+  mixers    every sequence mixer forward and forward+backward at 1k..16k, plain baselines
+            (plain attention, direct convolution, sequential scan), S4D and scaling targets;
+  train     fp32 matmul peak, train steps of the experiment configs (tokens/s, compile, MFU);
+  pipeline  input-pipeline examples/s against the train step's;
+  report    Markdown tables for docs/benchmarks.md.
+
+Results: docs/benchmarks.md.
+"""

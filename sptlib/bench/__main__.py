@@ -1,0 +1,151 @@
+"""Command line of the benchmark suite.
+
+    python -m sptlib.bench [--quick] [--only mixers,train,pipeline,matmul] [--lengths 1024,4096]
+        [--mixers s4d,attention_chunked] [--memory analysis|rss] [--markdown docs/benchmarks.md]
+
+One JSON record per measurement on stdout (fields in `sptlib.bench.common`); progress and
+warnings on stderr. `--quick` (few lengths, small sizes) takes a few minutes on 2 CPU cores.
+"""
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import tempfile
+
+SECTIONS = ("mixers", "train", "pipeline", "matmul")
+
+
+def _ints(s):
+    return tuple(int(x) for x in s.split(",") if x.strip())
+
+
+def _names(s):
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m sptlib.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="few lengths, small sizes: a few minutes on 2 CPU cores")
+    p.add_argument("--only", type=_names, default=SECTIONS,
+                   help=f"comma-separated sections of {SECTIONS} (train includes matmul)")
+    p.add_argument("--lengths", type=_ints, default=None,
+                   help="mixer lengths (default 1024,2048,4096,8192,16384; quick 1024)")
+    p.add_argument("--baseline-lengths", type=_ints, default=None,
+                   help="lengths of the kernel baselines (default the mixer lengths; quick "
+                        "256,1024)")
+    p.add_argument("--mixers", type=_names, default=None, help="mixer names (default all)")
+    p.add_argument("--kinds", type=_names, default=("forward", "forward_backward"))
+    p.add_argument("--no-baselines", action="store_true",
+                   help="skip fft-vs-direct convolution and parallel-vs-sequential scan")
+    p.add_argument("--memory", choices=("analysis", "rss"), default="analysis",
+                   help="peak memory from XLA's memory analysis of the compiled executable "
+                        "(deterministic, default) or max RSS of a fresh subprocess per "
+                        "measurement minus an idle JAX process")
+    p.add_argument("--memory-cap-gb", type=float, default=8.0,
+                   help="skip a measurement whose planned peak exceeds this (GiB)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls (median; default 5, "
+                                                             "quick 3)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop repeating once the timed calls took this long (default 15, "
+                        "quick 2)")
+    p.add_argument("--direct-max-length", type=int, default=None,
+                   help="longest direct (O(L^2)) convolution baseline (default 1024, quick 256)")
+    p.add_argument("--train-configs", type=_names, default=None,
+                   help="experiment configs, relative to experiments/ (file.py[:arg])")
+    p.add_argument("--train-max-tokens", type=int, default=None,
+                   help="tokens per train step (batch reduced to fit; default 2048, quick 512)")
+    p.add_argument("--train-max-length", type=int, default=None,
+                   help="cap the train length (default: real length; quick 256)")
+    p.add_argument("--pipelines", type=_names, default=("listops", "pathfinder"))
+    p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "sptlib_bench_data"),
+                   help="generated ListOps/Pathfinder files for the pipeline benchmark (cached)")
+    p.add_argument("--markdown", default=None, help="render the tables into this file")
+    p.add_argument("--section", default=None,
+                   help="name of the generated section in the markdown file (default full or "
+                        "quick)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.child is not None:
+        from sptlib.bench import mixers
+        mixers.main_child(args.child)
+        return 0
+    bad = [s for s in args.only if s not in SECTIONS]
+    if bad:
+        raise SystemExit(f"--only: unknown sections {bad}; known: {SECTIONS}")
+
+    from sptlib.bench import common, mixers, pipeline, report, train
+    q = args.quick
+    records = []
+    common.add_sink(records.append)
+    machine = common.machine_info()
+    print(f"# sptlib.bench on {machine['cpu']} ({machine['cores']} cores), jax "
+          f"{machine['jax']}", file=sys.stderr, flush=True)
+
+    if "mixers" in args.only:
+        s = mixers.MixerSettings(
+            repeats=args.repeats or (3 if q else 5),
+            max_seconds=args.max_seconds or (2.0 if q else 15.0),
+            memory_cap_bytes=args.memory_cap_gb * 2 ** 30, memory=args.memory,
+            direct_max_length=args.direct_max_length or (256 if q else 1024))
+        lengths = args.lengths or ((1024,) if q else (1024, 2048, 4096, 8192, 16384))
+        names = args.mixers or mixers.ALL_MIXERS
+        unknown = [n for n in names if n not in mixers.ALL_MIXERS]
+        if unknown:
+            raise SystemExit(f"--mixers: unknown {unknown}; known: {mixers.ALL_MIXERS}")
+        mixers.run(lengths, names, s, kinds=args.kinds, baselines=False)
+        if not args.no_baselines:
+            blens = args.baseline_lengths or ((256, 1024) if q else lengths)
+            for length in blens:
+                for rec in mixers.bench_conv(length, s, args.kinds):
+                    common.emit(rec)
+                for rec in mixers.bench_scan(length, s, args.kinds):
+                    common.emit(rec)
+
+    peak = None
+    train_kw = dict(max_tokens=args.train_max_tokens or (512 if q else 2048),
+                    max_length=args.train_max_length or (256 if q else 0),
+                    repeats=args.repeats or 3)
+    matmul_sizes = (1024, 2048) if q else (2048, 4096)
+    if "train" in args.only or "matmul" in args.only:
+        peak = train.matmul_peak(matmul_sizes)
+    if "train" in args.only:
+        for spec in args.train_configs or (train.QUICK_CONFIGS if q else train.FULL_CONFIGS):
+            try:
+                rec = train.bench_config(spec, peak_flops=peak, **train_kw)
+            except Exception as e:  # noqa: BLE001 - one broken config must not end the run
+                rec = {"name": f"train/{spec}", "kind": "error",
+                       "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            common.emit(rec)
+
+    if "pipeline" in args.only:
+        def consumer(spec):
+            try:
+                return train.bench_config(spec, peak_flops=peak, **train_kw)
+            except Exception:  # noqa: BLE001
+                return None
+        pipeline.run(args.pipelines, args.data_dir,
+                     train_records=[r for r in records if r.get("kind") == "train_step"],
+                     measure_consumer=consumer, num_batches=30 if q else 100)
+
+    if args.markdown:
+        command = "python -m sptlib.bench " + " ".join(
+            shlex.quote(a) for a in argv if not a.startswith("--markdown") and a != args.markdown)
+        block = report.render(records, machine, command.strip(),
+                              machine_end=common.machine_info(),
+                              section=args.section or ("quick" if q else "full"))
+        report.write(args.markdown, block, section=args.section or ("quick" if q else "full"))
+        print(f"# wrote {args.markdown}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

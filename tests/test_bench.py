@@ -1,0 +1,159 @@
+"""Tests of the benchmark suite (sptlib.bench): the CLI's JSON lines, and the helpers it trusts
+checked against independent truths (NumPy convolution, closed-form exponents, the data builders)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sptlib.bench import common, mixers, report, train
+
+REQUIRED = ("name", "kind", "length", "tokens_per_s", "peak_bytes", "seconds")
+
+
+def test_cli_reduced_quick_writes_valid_json_lines(tmp_path):
+    md = tmp_path / "bench.md"
+    md.write_text("# Benchmarks\n\nHand-written analysis.\n")
+    cmd = [sys.executable, "-m", "sptlib.bench", "--quick", "--only", "mixers", "--lengths",
+           "256", "--mixers", "s4d,attention_plain", "--no-baselines", "--repeats", "2",
+           "--kinds", "forward_backward", "--markdown", str(md)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    recs = [json.loads(ln) for ln in lines]  # every line is one JSON record
+    assert {r["name"] for r in recs} >= {"s4d", "attention_plain"}
+    for r in recs:
+        assert all(k in r for k in REQUIRED), r
+    for r in recs:
+        if r["kind"] == "forward_backward":
+            assert r["length"] == 256 and r["seconds"] > 0 and r["peak_bytes"] > 0
+            # tokens/s is batch * length / median seconds.
+            assert r["tokens_per_s"] == pytest.approx(r["batch"] * 256 / r["seconds"], rel=1e-6)
+    s4d = next(r for r in recs if r["name"] == "s4d")
+    assert s4d["batch"] == 8 and s4d["d_model"] == 256
+    text = md.read_text()
+    assert text.startswith("# Benchmarks\n\nHand-written analysis.")
+    assert "python -m sptlib.bench --quick --only mixers" in text
+    assert "| s4d | 256 |" in text and "| attention_plain | 256 |" in text
+
+
+def test_direct_causal_conv_equals_numpy_reference_and_fft_conv():
+    from sptlib.kernels import direct_conv, fft_conv
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=(2, 37, 5)).astype(np.float32)
+    k = rng.normal(size=(5, 37)).astype(np.float32)
+    want = direct_conv(u, k)  # float64 NumPy loop
+    got = np.asarray(mixers.direct_causal_conv(jnp.asarray(u), jnp.asarray(k)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(fft_conv(jnp.asarray(u), jnp.asarray(k))), want,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_peak_bytes_counts_arguments_outputs_and_temporaries():
+    n = 1 << 16
+    x = jnp.ones((n,), jnp.float32)
+    elementwise = jax.jit(lambda a: a * 2.0).lower(x).compile()
+    # One float32 argument and one float32 output of n elements, no temporaries needed.
+    assert common.compiled_peak_bytes(elementwise) == pytest.approx(2 * 4 * n, rel=0.05)
+    # An outer product materialises an n_small^2 matrix before reducing it.
+    m = 2048
+    y = jnp.ones((m,), jnp.float32)
+    outer = jax.jit(lambda a: jnp.sort(jnp.outer(a, a), axis=1)[:, 0]).lower(y).compile()
+    assert common.compiled_peak_bytes(outer) >= 4 * m * m
+
+
+def test_cost_flops_of_a_matmul():
+    a = jnp.ones((64, 32), jnp.float32)
+    b = jnp.ones((32, 16), jnp.float32)
+    assert common.cost_flops(jax.jit(jnp.dot).lower(a, b)) == pytest.approx(2 * 64 * 32 * 16)
+
+
+def _fb(name, length, seconds):
+    return {"name": name, "kind": "forward_backward", "length": length, "seconds": seconds}
+
+
+def test_scaling_exponent_and_target():
+    lengths = [1024, 2048, 4096, 8192, 16384]
+    recs = [_fb("s4d", n, 1e-3 * n) for n in lengths]             # linear
+    recs += [_fb("s5", n, 1e-6 * n ** 1.3) for n in lengths]       # L^1.3
+    recs += [_fb("attention_plain", n, 1e-9 * n ** 2) for n in lengths]  # not an SSM
+    out = {r["name"]: r for r in mixers.scaling_records(recs)}
+    assert set(out) == {"s4d", "s5"}
+    assert out["s4d"]["exponent"] == pytest.approx(1.0, abs=1e-3)
+    assert out["s4d"]["target_met"] and out["s4d"]["target_op"] == "<="
+    assert out["s5"]["exponent"] == pytest.approx(1.3, abs=1e-3)
+    assert not out["s5"]["target_met"]
+    assert out["s5"]["target_ratio"] == pytest.approx(1.3 / 1.15, abs=1e-3)
+    # Without the 1k..16k range no target applies.
+    short = mixers.scaling_records([_fb("s4d", 256, 1.0), _fb("s4d", 1024, 4.0)])
+    assert short[0]["exponent"] == pytest.approx(1.0) and "target" not in short[0]
+
+
+def test_s4d_target_fields():
+    rec = {"name": "s4d", "kind": "forward_backward", "length": 4096, "batch": 8,
+           "d_model": 256, "d_state": 64, "tokens_per_s": 23_500.0}
+    mixers.apply_targets(rec)
+    assert rec["target"] == 47_000.0 and rec["target_ratio"] == pytest.approx(0.5)
+    assert rec["target_met"] is False and rec["vs_reference"] == pytest.approx(1.25)
+    other = {"name": "s4d", "kind": "forward_backward", "length": 4096, "batch": 2,
+             "d_model": 256, "d_state": 64, "tokens_per_s": 1.0}
+    assert "target" not in mixers.apply_targets(other)  # not the reference point
+
+
+def test_attention_ratio_pairs_plain_and_chunked():
+    recs = [{"name": "attention_plain", "kind": "forward", "length": 1024, "seconds": 2.0,
+             "peak_bytes": 300},
+            {"name": "attention_chunked", "kind": "forward", "length": 1024, "seconds": 1.0,
+             "peak_bytes": 100},
+            {"name": "attention_plain", "kind": "skipped", "skipped_kind": "forward",
+             "length": 2048, "peak_bytes": 1200},
+            {"name": "attention_chunked", "kind": "forward", "length": 2048, "seconds": 2.0,
+             "peak_bytes": 200}]
+    out = {r["length"]: r for r in mixers.attention_ratios(recs)}
+    assert out[1024]["speedup"] == pytest.approx(2.0)
+    assert out[1024]["memory_ratio"] == pytest.approx(3.0)
+    assert out[2048]["speedup"] is None and out[2048]["memory_ratio"] == pytest.approx(6.0)
+
+
+def test_task_info_matches_the_data_builder(tmp_path):
+    from sptlib.data import get_task
+    cfg = train.load_config("smoke.py")
+    data = cfg.data
+    data.lra_dir = str(tmp_path)
+    data.generate.num_train, data.generate.num_val, data.generate.num_test = 8, 4, 4
+    want = get_task(data).info
+    got = train.task_info(data)
+    assert got == {k: want[k] for k in got}
+    batch = train.synthetic_batch(got, 3, 17)
+    assert batch["inputs"].shape == (3, 17) and batch["inputs"].dtype == np.int32
+    assert batch["inputs"].min() >= 2 and batch["inputs"].max() < got["vocab_size"]
+    assert batch["label"].max() < got["num_classes"] and batch["mask"].all()
+
+
+def test_synthetic_batch_continuous_and_pair():
+    info = dict(input_type="continuous", d_input=3, num_classes=10, vocab_size=0, pair=True)
+    b = train.synthetic_batch(info, 2, 5)
+    assert b["inputs"].shape == (2, 5, 3) and b["raw"].shape == (2, 5, 3)
+    np.testing.assert_allclose(b["inputs"], b["raw"] / 127.5 - 1.0, atol=1e-6)
+    assert b["inputs2"].shape == (2, 5, 3) and b["mask2"].shape == (2, 5)
+
+
+def test_report_write_replaces_only_its_section(tmp_path):
+    path = tmp_path / "b.md"
+    path.write_text("# B\n\nintro\n")
+    machine = common.machine_info()
+    rec = {"name": "s4d", "kind": "forward", "length": 8, "seconds": 0.5, "tokens_per_s": 16.0,
+           "peak_bytes": 1024, "memory_method": "xla_memory_analysis"}
+    report.write(path, report.render([rec], machine, "cmd A", section="full"), section="full")
+    report.write(path, report.render([rec], machine, "cmd Q", section="quick"), section="quick")
+    report.write(path, report.render([rec], machine, "cmd A2", section="full"), section="full")
+    text = path.read_text()
+    assert text.startswith("# B\n\nintro\n")
+    assert "cmd A2" in text and "cmd Q" in text and "`cmd A`" not in text
+    assert text.count("| s4d | 8 |") == 2
