@@ -264,3 +264,55 @@ def test_restore_onto_a_different_mesh(tmp_path):
     p = subprocess.run([sys.executable, "-c", _RESHARD_SCRIPT, str(tmp_path / "ck")], env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "RESHARD-OK" in p.stdout, p.stderr[-3000:]
+
+
+_TWO_PROCESS_SCRIPT = r'''
+import sys
+import jax
+jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+import jax.numpy as jnp, numpy as np
+from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train.state import TrainState
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+pi = jax.process_index()
+mesh = Mesh(np.array(jax.devices()), ("data",))
+glob = lambda x, spec=P(): jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x)
+state = TrainState(step=glob(np.int32(3)), params={"w": glob(np.ones((1,), np.float32) * pi,
+                                                             P("data"))},
+                   opt_state=(), model_state={}, rng=glob(np.zeros((2,), np.uint32)))
+ck = ckpt_lib.StageCheckpointer(sys.argv[3], keep=1)
+# Each process reads its own shard, so each has its own iterator position.
+ck.save(3, state, {"next_index": 100 + pi, "shard": [pi, "x" * (5 * pi)]})
+ck.wait_until_finished()
+restored, it_state = ck.restore(3, ckpt_lib.abstract_like(state))
+ck.close()
+assert it_state == {"next_index": 100 + pi, "shard": [pi, "x" * (5 * pi)]}, it_state
+assert np.asarray(restored.params["w"].addressable_data(0)).tolist() == [float(pi)]
+print("PROCESS-OK", pi)
+'''
+
+
+def test_iterator_states_of_every_process_are_saved(tmp_path):
+    """Two processes (jax.distributed on loopback): each resumes its own data position."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESS_SCRIPT, f"127.0.0.1:{port}",
+                               str(i), str(tmp_path / "ck")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"PROCESS-OK {i}" in out, err[-3000:]
+    saved = json.loads((tmp_path / "ck" / "3" / "data" / "metadata").read_text())
+    assert saved["process_count"] == 2 and len(saved["states"]) == 2

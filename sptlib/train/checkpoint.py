@@ -3,7 +3,7 @@
 Layout of one stage's checkpoints (`workdir/<stage>/checkpoints/`):
 
     <step>/state/      the `TrainState` (orbax PyTree / OCDBT; arrays restored onto any mesh)
-    <step>/data/       the training data iterator's state (JSON), saved with the train state
+    <step>/data/       every process's training data iterator state (JSON), saved with the state
     <step>/metrics/    validation metrics of that step (when evaluated) plus `score`
     corrupt/<step>-*   checkpoints found unreadable on restore, moved aside (never deleted)
 
@@ -80,6 +80,39 @@ def decode_iterator_state(saved: dict) -> Any:
     if fmt == "json":
         return saved["value"]
     raise ValueError(f"unknown saved iterator state format {fmt!r}")
+
+
+def gather_iterator_states(iterator_state: Any) -> dict:
+    """Every process's encoded iterator state, as saved in `<step>/data` (written by process 0).
+
+    Each process reads its own shard of the data, so each has its own position; orbax writes JSON
+    items from the primary process only, hence the all-gather.
+    """
+    encoded = encode_iterator_state(iterator_state)
+    if jax.process_count() == 1:
+        return {"process_count": 1, "states": [encoded]}
+    blob = np.frombuffer(json.dumps(encoded).encode("utf-8"), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64)))
+    sizes = sizes.reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:blob.size] = blob
+    blobs = np.asarray(multihost_utils.process_allgather(padded))
+    return {"process_count": int(sizes.size),
+            "states": [json.loads(bytes(blobs[i, :sizes[i]]).decode("utf-8"))
+                       for i in range(sizes.size)]}
+
+
+def local_iterator_state(saved: dict) -> Any:
+    """This process's iterator state from a saved `<step>/data` item."""
+    if "states" not in saved:  # a single state (older layout)
+        return decode_iterator_state(saved)
+    states, n = saved["states"], int(saved["process_count"])
+    if n != jax.process_count():
+        logging.warning("The checkpoint's data iterator states come from %d processes, this run "
+                        "has %d: every process starts from process 0's position (the data order "
+                        "differs from an uninterrupted run).", n, jax.process_count())
+        return decode_iterator_state(states[0])
+    return decode_iterator_state(states[jax.process_index()])
 
 
 def abstract_like(tree, shardings=None):
@@ -181,7 +214,7 @@ class StageCheckpointer:
             return False
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(encode_iterator_state(iterator_state)))
+            data=ocp.args.JsonSave(gather_iterator_states(iterator_state)))
         return bool(self.manager.save(step, args=args, metrics=metrics, force=True))
 
     def wait_until_finished(self):
@@ -196,7 +229,7 @@ class StageCheckpointer:
         """Restores (state, iterator_state) of `step` onto the shardings in `abstract_state`."""
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-        return restored.state, decode_iterator_state(restored.data)
+        return restored.state, local_iterator_state(restored.data)
 
     def restore_latest(self, abstract_state) -> Optional[tuple]:
         """Full resume: (state, iterator_state, step) of the latest readable checkpoint, or None.
