@@ -182,7 +182,8 @@ def tiny_model_config(continuous=False, d_input=1, mask_channel=False, norm="lay
     c.d_input = d_input
     c.mask_channel = mask_channel
     c.max_length = LENGTH
-    c.s4d.d_state = 8
+    # Only options every S4D version accepts (the zoo renamed `init` to `init_kind`).
+    c.s4d = type(c.s4d)({"d_state": 8})
     c.attention.n_heads = 2
     return c
 
