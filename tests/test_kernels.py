@@ -89,7 +89,7 @@ def test_s4d_kernel_leading_dims():
     np.testing.assert_allclose(both[1], K.s4d_kernel(A, B, C[1], LOG_DT, 33), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("length", [256, 1024])
+@pytest.mark.parametrize("length", [1024])
 def test_s4_dplr_conv_equals_recurrence(length):
     h, n = 3, 32
     lam, p, b, _ = K.nplr_legs(n)
