@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
     "pillow",
     "tqdm",
     "matplotlib",
+    "scipy",
 ]
 
 setup(

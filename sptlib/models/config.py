@@ -1,7 +1,7 @@
 """The model section of every experiment config (`config.model`), with a comment per field.
 
 `sptlib.models.build_model(config.model, head)` turns it into a Linen module. Mixer-specific
-options live in a sub-dict named after the mixer (e.g. `config.model.s4d.init`) and are passed as
+options live in a sub-dict named after the mixer (e.g. `config.model.s4d.init_kind`) and are passed as
 keyword arguments to that mixer's constructor.
 """
 
@@ -50,7 +50,7 @@ def model_config():
         dict(n_heads=4, positions="none", impl="plain", window=0, chunk_size=512,
              head_dim=0))  # head_dim 0 = d_model // n_heads
     c.s4 = ml_collections.ConfigDict(dict(d_state=64))
-    c.s4d = ml_collections.ConfigDict(dict(d_state=64, init="lin", discretization="zoh"))
+    c.s4d = ml_collections.ConfigDict(dict(d_state=64, init_kind="lin", discretization="zoh"))
     c.dss = ml_collections.ConfigDict(dict(d_state=64, version="exp"))
     c.dlr = ml_collections.ConfigDict(dict(d_state=1024))
     c.s5 = ml_collections.ConfigDict(dict(d_state=64))
