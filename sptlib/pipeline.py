@@ -11,7 +11,6 @@ import time
 
 from absl import logging
 from etils import epath
-import jax
 
 from sptlib.train import config as config_lib
 from sptlib.train import loop
@@ -34,6 +33,9 @@ def run(config, workdir) -> dict:
     """
     config_lib.validate(config)
     sharding.maybe_initialize_distributed(config)
+    if not steps.is_main_process():
+        # Logs (like files) come from process 0; the others report warnings and errors only.
+        logging.set_verbosity(logging.WARNING)
     workdir = epath.Path(workdir)
     if steps.is_main_process():
         workdir.mkdir(parents=True, exist_ok=True)
