@@ -185,6 +185,13 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         init_info = {"kind": "resume", "step": int(restored_step)}
         logging.info("[%s] resuming from its checkpoint at step %d.", stage_name, restored_step)
     elif stage.init_from:
+        if stage.init_from in config.stages:
+            source = read_results(workdir / stage.init_from)
+            if not source or source.get("status") != "finished":
+                logging.warning("[%s] init_from stage %r has not finished (%s); using its %s "
+                                "checkpoint so far.", stage_name, stage.init_from,
+                                (source or {}).get("status", "no results.json"),
+                                stage.init_checkpoint)
         step_dir = ckpt_lib.resolve_init_checkpoint(stage.init_from, workdir,
                                                     stage.init_checkpoint)
         params, model_state, report = ckpt_lib.load_pretrained(
