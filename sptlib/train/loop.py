@@ -264,21 +264,24 @@ def train_stage(config, stage_name: str, workdir) -> dict:
 
             final = step == num_steps
             preempt = stop.requested or (pc > 1 and ckpt.reached_preemption(step))
-            eval_now = step % stage.eval_every == 0 or final
+            # On preemption the grace period is short: checkpoint now, evaluate after resuming.
+            eval_now = final or (step % stage.eval_every == 0 and not preempt)
             save_now = step % stage.checkpoint_every == 0 or eval_now or preempt
-            if step % stage.log_every == 0 or save_now:
+            log_now = step % stage.log_every == 0 or final
+            if log_now or save_now:
                 # Every checkpoint passes this check, so no checkpoint holds a diverged state.
+                # (The window runs from the last log, so a NaN stays in the sums until then.)
                 values = metrics_lib.summarize(acc)
                 loss_keys = [k for k in values if "loss" in k] or list(values)
                 if not all(math.isfinite(values[k]) for k in loss_keys):
                     stop_nonfinite(values)
-                if step % stage.log_every == 0 or final:
+                if log_now:
                     line = progress.line(step)
                     writer.write_scalars(step, metrics_lib.scalars_for_writer("train", values))
                     writer.write_scalars(step, {"train/steps_per_s": progress.rate()})
                     logging.info("[%s] %s | %s", stage_name, line,
                                  metrics_lib.format_metrics(values))
-                acc, last_checked = None, step
+                    acc, last_checked = None, step
             val = None
             if eval_now:
                 val = evaluate(state, "validation", stage.eval_steps)
