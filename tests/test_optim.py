@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _mp_common as common  # noqa: E402
@@ -127,9 +128,8 @@ def test_no_decay_1d():
 def test_real_ssm_model_params_are_labelled_and_not_decayed():
     model, _ = common.build({"kind": "classify", "num_classes": 3}, mixer="s4d")
     b = common.token_batch(batch=2)
-    params = model.init(jax.random.PRNGKey(0), b["inputs"], b["mask"])["params"]
-    params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params,
-                          is_leaf=lambda x: hasattr(x, "unbox"))
+    params = jax.jit(lambda r: nn.unbox(model.init(r, b["inputs"], b["mask"])["params"]))(
+        jax.random.PRNGKey(0))
     labels = optim.param_labels(params)
     flat = {jax.tree_util.keystr(p): l for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]}
     assert any(l == "ssm" for l in flat.values()) and any(l == "default" for l in flat.values())
