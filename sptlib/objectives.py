@@ -28,20 +28,29 @@ KINDS = ("masked", "causal", "classify", "retrieval")
 TARGETS = ("auto", "tokens", "pixel256", "l1")
 
 
-def objective_config(kind="classify"):
+# Masked-SPT rates of the paper (Amos et al. 2024, appendix) by task name.
+MASK_RATES = {"listops": 0.10, "text": 0.15, "imdb": 0.15, "retrieval": 0.15, "aan": 0.15,
+              "image": 0.50, "cifar": 0.50, "scifar": 0.50, "pathfinder": 0.50, "pathx": 0.50,
+              "speech_commands": 0.25, "sc": 0.25}
+
+
+def objective_config(kind="classify", task=None):
     """Returns the default `config.stages.<name>.objective` for `kind`.
 
     Args:
       kind: masked | causal | classify | retrieval.
+      task: optional task name (a key of `MASK_RATES`) setting the paper's masking rate.
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown objective kind {kind!r}; expected one of {KINDS}")
+    if task is not None and task not in MASK_RATES:
+        raise ValueError(f"No masking rate known for task {task!r}; known: {sorted(MASK_RATES)}")
     c = ml_collections.ConfigDict()
     # masked | causal | classify | retrieval.
     c.kind = kind
     # Masked SPT: fraction of real positions masked (paper: ListOps .10, Text/Retrieval .15,
-    # Image/Pathfinder/sCIFAR .50, Speech .25).
-    c.mask_rate = 0.15
+    # Image/Pathfinder/sCIFAR .50, Speech .25; see MASK_RATES).
+    c.mask_rate = MASK_RATES[task] if task is not None else 0.15
     # Mean length of masked spans; 1 = each position masked independently.
     c.span_length = 1
     # Reconstruction target: auto (tokens for token inputs, pixel256 for continuous) | tokens |
@@ -221,7 +230,8 @@ class Objective:
         Args:
           apply_fn: `model.apply`.
           variables: `{"params": ..., **model_state}`.
-          batch: dict of arrays (docs/architecture.md).
+          batch: dict of arrays (docs/architecture.md). For masked / causal SPT on a paired
+            (retrieval) batch, `inputs2` are treated as further sequences.
           rng: PRNG key for masking and dropout (masked SPT evaluation, `train=False`, ignores it
             and uses masks fixed by `eval_seed` and the batch).
           train: dropout on and model state (BatchNorm statistics) updated.
@@ -238,6 +248,11 @@ class Objective:
         mask_rng, dropout_rng = jax.random.split(rng)
         if self.kind in ("classify", "retrieval"):
             return self._classify(apply_fn, variables, batch, example, dropout_rng, train)
+        if "inputs2" in batch:
+            # SPT on a paired task: both documents are training sequences.
+            batch = {"inputs": jnp.concatenate([batch["inputs"], batch["inputs2"]]),
+                     "mask": jnp.concatenate([batch["mask"], batch["mask2"]])}
+            example = jnp.concatenate([example, example])
         real = jnp.asarray(batch["mask"], bool) & example[:, None]
         inputs = jnp.asarray(batch["inputs"])
         continuous = not jnp.issubdtype(inputs.dtype, jnp.integer)

@@ -298,3 +298,22 @@ def test_real_step_loss_decreases(case):
             np.testing.assert_array_equal(a, b)
     else:
         assert state.model_state == {}
+
+
+def test_spt_on_paired_batch_uses_both_documents_and_task_rates():
+    batch = common.token_batch(seed=12, pair=True)
+    out = np.random.default_rng(7).normal(
+        size=(16,) + batch["inputs"].shape[1:] + (common.VOCAB,)).astype(np.float32)
+    loss, m, call = run_loss(objectives.objective_config("causal"), batch, out)
+    np.testing.assert_array_equal(call["inputs"],
+                                  np.concatenate([batch["inputs"], batch["inputs2"]]))
+    keep = np.concatenate([batch["example_mask"]] * 2)[:, None]
+    real = np.concatenate([batch["mask"], batch["mask2"]])
+    w = keep & real[:, :-1] & real[:, 1:]
+    targets = np.concatenate([batch["inputs"], batch["inputs2"]])[:, 1:]
+    assert m["loss"][1] == w.sum()
+    np.testing.assert_allclose(loss, np_ce(out[:, :-1], targets)[w].mean(), rtol=1e-5)
+    assert objectives.objective_config("masked", task="listops").mask_rate == 0.10
+    assert objectives.objective_config("masked", task="pathx").mask_rate == 0.50
+    with pytest.raises(ValueError, match="task"):
+        objectives.objective_config("masked", task="nope")

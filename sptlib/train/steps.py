@@ -105,7 +105,6 @@ def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objectiv
       `(state, state_shardings)`: a `TrainState` and a `TrainState` of `NamedSharding`s.
     """
     rules = sharding_lib.normalize_rules(rules)
-    init_rng, state_rng = jax.random.split(rng)
     abstract, specs = state_logical_specs(model, objective, example_batch)
     var_shardings = sharding_lib.logical_to_sharding(specs, abstract, mesh, rules)
     abstract_params = abstract["params"]
@@ -132,7 +131,6 @@ def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objectiv
         options = ({"xla_backend_optimization_level": 0}
                    if mesh.devices.flat[0].platform == "cpu" else None)
         state = lowered.compile(compiler_options=options)(rng)
-    del init_rng, state_rng
     return state, state_shardings
 
 
