@@ -124,7 +124,7 @@ def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objectiv
                           opt_state=optimizer.init(params), model_state=dict(variables),
                           rng=state_r)
 
-    with mesh, nn.logical_axis_rules(rules):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         lowered = jax.jit(make_state, out_shardings=state_shardings).lower(rng)
         # The init program runs once; on CPU, XLA's backend optimisations of its many RNG
         # calls cost seconds (4.7 s -> 1.0 s for a 1-layer model), so skip them there.
@@ -177,7 +177,7 @@ def make_train_step(model, objective, optimizer, mesh, state_shardings, rules):
                      out_shardings=(state_shardings, repl), donate_argnums=(0,))
 
     def train_step(state, batch):
-        with mesh, nn.logical_axis_rules(rules):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             return jitted(state, batch)
 
     train_step.jitted = jitted
@@ -203,7 +203,7 @@ def make_eval_step(model, objective, mesh, state_shardings, rules):
     jitted = jax.jit(step, in_shardings=(state_shardings, data_sharding), out_shardings=repl)
 
     def eval_step(state, batch):
-        with mesh, nn.logical_axis_rules(rules):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             return jitted(state, batch)
 
     eval_step.jitted = jitted
