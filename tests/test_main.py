@@ -66,6 +66,8 @@ def test_smoke_run_writes_the_workdir(smoke):
                 assert 0.0 <= m["accuracy"] <= 1.0 and m["loss"] > 0
         assert re.fullmatch(r"[0-9a-f]{64}", res["params_fingerprint"])
         assert res["wall_time_s"] > 0
+        assert [h["step"] for h in res["history"]] == [10, 20, 30]
+        assert res["history"][-1]["accuracy"] == res["validation"]["last"]["accuracy"]
         assert summary["stages"][stage]["params_fingerprint"] == res["params_fingerprint"]
         # Orbax checkpoints (latest + best), TensorBoard events, the resolved config.
         steps = sorted(int(p.name) for p in (sd / "checkpoints").iterdir() if p.name.isdigit())
@@ -122,6 +124,7 @@ def test_sigkill_after_first_checkpoint_then_resume_is_bitwise_identical(smoke, 
     assert resumed["resumed_at_step"] == int(m.group(1))
     assert resumed["params_fingerprint"] == reference["params_fingerprint"]
     assert resumed["test"] == reference["test"]
+    assert resumed["history"] == reference["history"]  # the curve survives the kill
 
 
 def test_unknown_config_key_is_an_error(tmp_path):

@@ -7,6 +7,7 @@
     config.json           the full resolved config of the run
     results.json          final/best step, validation and test metrics of the best and the last
                           checkpoint, wall time, params_fingerprint (see `train_stage`)
+    history.json          validation metrics at every evaluation ([{"step": s, metric: v}])
     profile/              jax.profiler trace when `profile.start_step > 0`
 
 Restore priority (DESIGN §2): own latest checkpoint (full resume, data iterator included) >
@@ -36,6 +37,7 @@ from sptlib.train import steps
 
 RESULTS_FILE = "results.json"
 CONFIG_FILE = "config.json"
+HISTORY_FILE = "history.json"
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -51,7 +53,7 @@ def _write_json(path: epath.Path, obj):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / (path.name + ".tmp")
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default))
-        tmp.rename(path)
+        tmp.replace(path)  # atomic where the file system allows; overwrites
 
 
 def _json_default(x):
@@ -112,7 +114,8 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     Results: `stage`, `status` (finished), `final_step`, `best_step`, `best_metric`,
     `validation` / `test` (each `{"best": metrics, "last": metrics}`), `wall_time_s` (this
     invocation), `train_steps_per_s`, `params_fingerprint` (SHA-256 of the last parameters),
-    `num_params`, `init` (how the state was obtained: resume | init_from | random).
+    `num_params`, `init` (how the state was obtained: resume | init_from | random), `history`
+    (validation metrics at every evaluation, `[{"step": s, metric: value}]`).
 
     Raises:
       NonFiniteLossError: NaN/inf training loss (the last good checkpoint is kept).
@@ -245,6 +248,12 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         raise NonFiniteLossError(msg)
 
     last_checked = step
+    # Validation curve, kept across resumes (entries after the resumed step are dropped: they
+    # will be recomputed identically).
+    history_path = stage_dir / HISTORY_FILE
+    history = []
+    if history_path.exists():
+        history = [h for h in json.loads(history_path.read_text()) if h["step"] <= step]
     # ------------------------------------------------------------------ train
     try:
         while step < num_steps:
@@ -286,6 +295,8 @@ def train_stage(config, stage_name: str, workdir) -> dict:
             if eval_now:
                 val = evaluate(state, "validation", stage.eval_steps)
                 last_val = (step, val)
+                history.append(dict(val, step=step))
+                _write_json(history_path, history)
                 writer.write_scalars(step, metrics_lib.scalars_for_writer("validation", val))
                 logging.info("[%s] step %d validation: %s", stage_name, step,
                              metrics_lib.format_metrics(val))
@@ -339,6 +350,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
             "validation": {"best": best_metrics["validation"], "last": last_metrics["validation"]},
             "test": {"best": best_metrics["test"], "last": last_metrics["test"]},
             "params_fingerprint": fingerprint,
+            "history": history,
             "num_params": num_params,
             "init": init_info,
             "resumed_at_step": start_step,
