@@ -27,6 +27,8 @@ def _env():
     env = dict(os.environ)
     env.pop("JAX_NUM_CPU_DEVICES", None)
     env["JAX_PLATFORMS"] = "cpu"
+    # Unoptimised XLA backend code compiles ~2x faster; all three processes use it.
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
     return env
 
 
