@@ -213,6 +213,11 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     train_step = steps.make_train_step(model, objective, optimizer, mesh, state_shardings, rules)
     eval_step = steps.make_eval_step(model, objective, mesh, state_shardings, rules)
 
+    # XLA:CPU with several (e.g. fake) devices can deadlock in collectives when executions
+    # overlap under async dispatch on few cores: there, wait for each step (nothing to overlap
+    # with on a CPU anyway). Accelerators keep asynchronous dispatch.
+    sync_each_step = jax.devices()[0].platform == "cpu" and jax.device_count() > 1
+
     def evaluate(st, split, max_batches=0):
         it = task.make_iterator(split, batch_size=local_eval_bs, seed=seed, shard_index=pi,
                                 shard_count=pc, num_epochs=1, drop_remainder=False)
@@ -220,8 +225,10 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         for i, batch in enumerate(it):
             if max_batches and i >= max_batches:
                 break
-            acc = metrics_lib.accumulate(acc, eval_step(st, sharding.shard_batch(batch, mesh,
-                                                                                 rules)))
+            m = eval_step(st, sharding.shard_batch(batch, mesh, rules))
+            if sync_each_step:
+                jax.block_until_ready(m)
+            acc = metrics_lib.accumulate(acc, m)
         return metrics_lib.summarize(acc)
 
     writer = metrics_lib.create_writer(stage_dir, is_main=is_main)
@@ -262,6 +269,8 @@ def train_stage(config, stage_name: str, workdir) -> dict:
                 profiling = True
             batch = sharding.shard_batch(next(train_iter), mesh, rules)
             state, step_metrics = train_step(state, batch)
+            if sync_each_step:
+                jax.block_until_ready((state, step_metrics))
             step += 1
             acc = metrics_lib.accumulate(acc, step_metrics)
             if profiling and step >= prof.start_step + prof.num_steps:
