@@ -3,6 +3,7 @@
 import importlib
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -90,6 +91,9 @@ def test_every_pattern_forward_backward_at_1024(overrides):
     variables = model.init(jax.random.PRNGKey(0), x, mask)
     assert set(variables["params"]) == {"encoder", "backbone", "head"}
     params = variables["params"]
+    # Every parameter carries one logical axis name per dimension.
+    boxes = jax.tree.leaves(params, is_leaf=lambda a: isinstance(a, nn.Partitioned))
+    assert all(isinstance(b, nn.Partitioned) and len(b.names) == b.value.ndim for b in boxes)
     rest = {k: v for k, v in variables.items() if k != "params"}
 
     @jax.jit

@@ -106,6 +106,7 @@ def chunked_attention(q, k, v, key_mask=None, *, causal=False, window=0, chunk_s
 
     With `window > 0` only the `2·ceil(window/chunk)+1` key chunks around each query chunk (the
     `ceil(window/chunk)+1` at and before it when causal) are visited: O(length · window) time.
+    Key chunks wholly in the future of a causal query chunk are skipped (`lax.cond`).
     Lengths that are not a multiple of `chunk_size` are padded internally with masked keys.
 
     Args and return value as `dot_product_attention`, plus
@@ -136,9 +137,15 @@ def chunked_attention(q, k, v, key_mask=None, *, causal=False, window=0, chunk_s
         relative = False
 
     def kv_step(q_i, i, kc, vc, mc, carry, offset):
-        acc, m, l = carry
         j = i + offset if relative else offset
         valid = (j >= 0) & (j < n)
+        # Chunks out of range or wholly in the future are skipped (half the work when causal).
+        needed = valid & (j <= i) if causal else valid
+        return lax.cond(needed, functools.partial(kv_update, q_i, i, j, valid, kc, vc, mc),
+                        lambda carry: carry, carry), None
+
+    def kv_update(q_i, i, j, valid, kc, vc, mc, carry):
+        acc, m, l = carry
         jc = jnp.clip(j, 0, n - 1)
         k_j = lax.dynamic_index_in_dim(kc, jc, axis=0, keepdims=False)
         v_j = lax.dynamic_index_in_dim(vc, jc, axis=0, keepdims=False)
@@ -155,7 +162,7 @@ def chunked_attention(q, k, v, key_mask=None, *, causal=False, window=0, chunk_s
         l = l * correction + p.sum(axis=-1)
         acc = acc * correction[..., None] + jnp.einsum(
             "bhqk,bkhd->bhqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
-        return (acc, m_new, l), None
+        return acc, m_new, l
 
     @jax.checkpoint
     def query_chunk(q_i, i, kc, vc, mc):
