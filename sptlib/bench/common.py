@@ -79,21 +79,33 @@ def time_call(fn, *args, repeats=5, warmup=1, max_seconds=20.0, min_repeats=2):
     """Median wall time (s) of `fn(*args)` after `warmup` calls, results `block_until_ready`.
 
     Stops early (after at least `min_repeats` timed calls) once the timed calls took
-    `max_seconds` together, so long lengths stay affordable. Returns (median, all times).
+    `max_seconds` together, so long lengths stay affordable. When one warm-up call alone took
+    more than 4 * max_seconds (an already compiled executable: no compilation in it), that call
+    is the measurement.
+
+    Returns (median wall s, all wall times, median process CPU s). The CPU time (all threads of
+    this process) is what the call costs when other processes share the machine: on an idle
+    machine with `cores` cores the wall time is at least cpu / cores.
     """
+    dt = cpu = 0.0
     for _ in range(warmup):
+        t0, c0 = time.perf_counter(), time.process_time()
         block(fn(*args))
-    times = []
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if warmup and dt > 4 * max_seconds:
+        return dt, [dt], cpu
+    times, cpus = [], []
     total = 0.0
     for i in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         block(fn(*args))
         dt = time.perf_counter() - t0
+        cpus.append(time.process_time() - c0)
         times.append(dt)
         total += dt
         if i + 1 >= min_repeats and total >= max_seconds:
             break
-    return statistics.median(times), times
+    return statistics.median(times), times, statistics.median(cpus)
 
 
 def compile_timed(jitted, *args):
@@ -157,6 +169,13 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
+def num_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def machine_info():
     """Description of the machine and software, for the header of docs/benchmarks.md."""
     try:
@@ -167,10 +186,7 @@ def machine_info():
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         mem = None
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
+    cores = num_cores()
     import flax
     return {
         "cpu": cpu_model(),

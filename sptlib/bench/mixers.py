@@ -121,10 +121,14 @@ def measure_mixer(name, length, kind, s):
                    reason=f"planned peak {common.fmt_bytes(peak)} > memory cap "
                           f"{common.fmt_bytes(s.memory_cap_bytes)}")
         return rec
-    sec, times = common.time_call(compiled, variables, x, repeats=s.repeats,
-                                  max_seconds=s.max_seconds)
+    sec, times, cpu = common.time_call(compiled, variables, x, repeats=s.repeats,
+                                       max_seconds=s.max_seconds)
     rec.update(seconds=sec, tokens_per_s=batch * length / sec, peak_bytes=peak,
-               compile_s=round(compile_s, 3), repeats=len(times))
+               compile_s=round(compile_s, 3), repeats=len(times), cpu_seconds=cpu)
+    if cpu > 0:
+        # Idle-machine estimate: all cores busy for the CPU time this call used (an upper bound unless
+        # XLA threads spin, which inflates CPU time).
+        rec["idle_estimate_tokens_per_s"] = batch * length * common.num_cores() / cpu
     return rec
 
 
@@ -191,7 +195,8 @@ def direct_causal_conv(u, k):
 
 def _time_pair(fn, args, s):
     compiled, compile_s = common.compile_timed(fn, *args)
-    sec, times = common.time_call(compiled, *args, repeats=s.repeats, max_seconds=s.max_seconds)
+    sec, times, _ = common.time_call(compiled, *args, repeats=s.repeats,
+                                     max_seconds=s.max_seconds)
     return sec, common.compiled_peak_bytes(compiled), compile_s, len(times)
 
 

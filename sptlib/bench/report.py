@@ -105,6 +105,9 @@ def render(records, machine, command, machine_end=None, section="full"):
                     notes.append(f"error: {r.get('error', '')[:80]}")
             if "target" in b:
                 notes.append(f"target {_target_cell(b)}")
+            if b.get("idle_estimate_tokens_per_s"):
+                notes.append(f"idle estimate {_k(b['idle_estimate_tokens_per_s'])} "
+                             "tokens/s")
 
             def cell(r, field):
                 return "—" if r.get("kind") in (None, "skipped", "error") else field(r)
