@@ -17,7 +17,7 @@ Positions: ``rotary`` (applied to queries and keys, so scores depend on relative
 """
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax

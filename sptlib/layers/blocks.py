@@ -10,7 +10,7 @@ zeroed before the mixer, and batch norm computes its statistics over real positi
 at real positions never depend on padding.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp

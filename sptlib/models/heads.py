@@ -7,7 +7,6 @@
 - `RetrievalHead`: dual encoder, MLP on `[u, v, u·v, u−v]` of the two pooled documents.
 """
 
-from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
