@@ -1,6 +1,6 @@
 """The command line end to end, in real subprocesses: the smoke config, re-runs, SIGKILL + resume.
 
-One uninterrupted smoke run (module fixture) is the reference: a second run of the same config,
+One uninterrupted smoke run is the reference: a second run of the same config,
 SIGKILLed after its first checkpoint and started again, must end with bitwise the same
 `params_fingerprint`; running a finished workdir again must not train again.
 """
@@ -14,16 +14,15 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE_LIMIT_S = float(os.environ.get("SPTLIB_SMOKE_LIMIT_S", "120"))
 
 
-def _env():
+def _env(extra=None):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # one CPU device, as a user's plain run
     env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra or {})
     return env
 
 
@@ -32,27 +31,16 @@ def _cmd(workdir, lra_dir, *overrides):
             f"--workdir={workdir}", f"--config.data.lra_dir={lra_dir}", *overrides]
 
 
-def _run(cmd, timeout=300):
+def _run(cmd, timeout=300, env=None):
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+    p = subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True,
                        timeout=timeout)
     return p, time.time() - t0
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    base = tmp_path_factory.mktemp("smoke")
-    lra = base / "lra"  # empty: the smoke config generates its small ListOps set here
-    workdir = base / "wd"
-    p, wall = _run(_cmd(workdir, lra))
-    assert p.returncode == 0, p.stderr[-4000:]
-    return {"workdir": workdir, "lra": lra, "wall": wall, "stderr": p.stderr}
-
-
-def test_smoke_run_writes_the_workdir(smoke):
-    wd = smoke["workdir"]
-    assert smoke["wall"] < SMOKE_LIMIT_S, f"smoke run took {smoke['wall']:.1f}s"
-    assert (smoke["lra"] / "listops-1000" / "basic_train.tsv").exists()
+def _check_smoke_workdir(wd, lra, stderr):
+    """The files the smoke run must leave: per stage and the summary."""
+    assert (lra / "listops-1000" / "basic_train.tsv").exists()
     summary = json.loads((wd / "results.json").read_text())
     assert summary["stage_order"] == ["pretrain", "finetune"] and summary["complete"]
     for stage in ("pretrain", "finetune"):
@@ -81,22 +69,10 @@ def test_smoke_run_writes_the_workdir(smoke):
     assert fin["init"]["kind"] == "init_from"
     assert fin["init"]["checkpoint"].endswith(f"pretrain/checkpoints/{pre['best_step']}")
     # Progress lines with steps/s and ETA.
-    assert re.search(r"\[pretrain\] step 10/30 \(33%\) [0-9.]+ steps/s, ETA", smoke["stderr"])
+    assert re.search(r"\[pretrain\] step 10/30 \(33%\) [0-9.]+ steps/s, ETA", stderr)
 
 
-def test_rerun_resumes_instead_of_starting_over(smoke):
-    wd = smoke["workdir"]
-    before = {s: (wd / s / "results.json").read_text() for s in ("pretrain", "finetune")}
-    p, _ = _run(_cmd(wd, smoke["lra"]))
-    assert p.returncode == 0, p.stderr[-4000:]
-    assert "[pretrain] already finished" in p.stderr and "[finetune] already finished" in p.stderr
-    for s, text in before.items():
-        assert (wd / s / "results.json").read_text() == text
-
-
-def test_sigkill_after_first_checkpoint_then_resume_is_bitwise_identical(smoke, tmp_path):
-    workdir = tmp_path / "wd"
-    cmd = _cmd(workdir, smoke["lra"], "--config.stage_order=('pretrain',)")
+def _kill_after_first_checkpoint(cmd, workdir):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     first = workdir / "pretrain" / "checkpoints" / "10"
@@ -115,20 +91,52 @@ def test_sigkill_after_first_checkpoint_then_resume_is_bitwise_identical(smoke, 
     assert proc.returncode == -signal.SIGKILL
     assert not (workdir / "pretrain" / "results.json").exists(), "killed too late to matter"
 
+
+def test_cli_end_to_end(tmp_path):
+    """One test, so that pytest-xdist never runs the (expensive) reference smoke run twice."""
+    lra = tmp_path / "lra"  # empty: the smoke config generates its small ListOps set here
+    ref = tmp_path / "ref"
+
+    # 1. The smoke run from scratch, as the docs give it.
+    p, wall = _run(_cmd(ref, lra))
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert wall < SMOKE_LIMIT_S, f"smoke run took {wall:.1f}s"
+    _check_smoke_workdir(ref, lra, p.stderr)
+
+    # 2. The same command again resumes: nothing is trained or rewritten.
+    before = {s: (ref / s / "results.json").read_text() for s in ("pretrain", "finetune")}
+    p, _ = _run(_cmd(ref, lra))
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "[pretrain] already finished" in p.stderr and "[finetune] already finished" in p.stderr
+    for s, text in before.items():
+        assert (ref / s / "results.json").read_text() == text
+
+    # 3. SIGKILL after the first checkpoint, then the same command: bitwise the same result.
+    killed = tmp_path / "killed"
+    cmd = _cmd(killed, lra, "--config.stage_order=('pretrain',)")
+    _kill_after_first_checkpoint(cmd, killed)
     p, _ = _run(cmd)
     assert p.returncode == 0, p.stderr[-4000:]
     m = re.search(r"\[pretrain\] resuming from its checkpoint at step (\d+)", p.stderr)
     assert m and 10 <= int(m.group(1)) < 30, p.stderr[-3000:]
-    resumed = json.loads((workdir / "pretrain" / "results.json").read_text())
-    reference = json.loads((smoke["workdir"] / "pretrain" / "results.json").read_text())
+    resumed = json.loads((killed / "pretrain" / "results.json").read_text())
+    reference = json.loads((ref / "pretrain" / "results.json").read_text())
     assert resumed["resumed_at_step"] == int(m.group(1))
     assert resumed["params_fingerprint"] == reference["params_fingerprint"]
     assert resumed["test"] == reference["test"]
     assert resumed["history"] == reference["history"]  # the curve survives the kill
 
+    # 4. Resume onto another mesh: 10 more steps on 2 (fake CPU) devices, data-parallel.
+    p, _ = _run(cmd + ["--config.stages.pretrain.num_steps=40", "--config.mesh.data=2"],
+                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "[pretrain] resuming from its checkpoint at step 30" in p.stderr
+    more = json.loads((killed / "pretrain" / "results.json").read_text())
+    assert more["final_step"] == 40 and more["resumed_at_step"] == 30
+    assert [h["step"] for h in more["history"]] == [10, 20, 30, 40]
+    assert more["history"][:3] == reference["history"]
 
-def test_unknown_config_key_is_an_error(tmp_path):
-    p, _ = _run(_cmd(tmp_path / "wd", tmp_path / "lra", "--config.stages.pretrain.num_stepz=3"))
-    assert p.returncode != 0
-    assert "num_stepz" in p.stderr
-    assert not (tmp_path / "wd").exists()
+    # 5. An unknown config key is an error, before anything is written.
+    p, _ = _run(_cmd(tmp_path / "typo", lra, "--config.stages.pretrain.num_stepz=3"))
+    assert p.returncode != 0 and "num_stepz" in p.stderr
+    assert not (tmp_path / "typo").exists()
