@@ -30,7 +30,7 @@ def get_config(arg=""):
     resolution = int(a.get("resolution", 16))
     return lib.local_pathfinder(
         a.get("model", "s4d"), a.get("regime", "spt-masked"), resolution=resolution,
-        contour_length=14, num_train=16000, num_eval=1000, n_layers=2, d_model=64,
+        contour_length=14, num_train=8000, num_eval=1000, n_layers=2, d_model=64,
         steps=int(a.get("steps", STEPS)), pretrain_steps=int(a.get("pretrain_steps",
                                                                     PRETRAIN_STEPS)),
         batch_size=32, lr=2e-3, eval_every=100,

@@ -379,8 +379,8 @@ def local_pathfinder(model: str, regime: str, *, resolution: int, contour_length
 
     Every model gets the same width, depth, optimiser and budget; SSM parameters take lr 1e-3 and
     no weight decay as in the paper. The generator seed `data_seed` fixes the images for every
-    training seed; the validation and test images come from the generator's own streams (the data
-    module draws each split from a separate seed).
+    training seed; the validation and test images are drawn from a generator seed never used for
+    a training image (`data.pathfinder.generate`, `held_out_from`).
     """
     from sptlib.train import config as train_config
 
@@ -397,10 +397,18 @@ def local_pathfinder(model: str, regime: str, *, resolution: int, contour_length
         c.data.generate.contour_length = contour_length
         c.data.generate.seed = data_seed
         total = int(round((num_train + 2 * num_eval)))
+        if num_train != int(round(0.8 * total)):
+            # The reader splits the generated set 80/10/10; other sizes would be silently changed.
+            raise ValueError(f"num_train={num_train}, num_eval={num_eval}: Pathfinder sets are "
+                             "split 80/10/10, so num_train must be 8 x num_eval")
         c.data.generate.num_train = num_train
         c.data.generate.num_val = num_eval
         c.data.generate.num_test = num_eval
-        c.data.lra_dir = os.path.join("data", f"pathfinder_gen_seed{data_seed}_n{total}")
+        # Validation/test images come from a generator seed never used for training images
+        # (data.pathfinder.generate's held_out_from); '_heldout' keeps older sets, drawn before
+        # that split, from being reused.
+        c.data.lra_dir = os.path.join(
+            "data", f"pathfinder_gen_seed{data_seed}_n{total}_c{contour_length}_heldout")
         set_model(c.model, model, task, recipe)
         for sub in ("s4", "s4d", "dss", "s5"):
             c.model[sub].d_state = d_state

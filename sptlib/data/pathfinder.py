@@ -139,11 +139,18 @@ def draw_sample(rng, resolution, contour_length, label):
     return img, {"contours": contours, "markers": markers, "marker_contours": marker_contours}
 
 
-def generate(num, *, resolution=32, contour_length=14, seed=0):
-    """Yields (index, image uint8 [R, R], label, geometry) for `num` images, labels balanced."""
+def generate(num, *, resolution=32, contour_length=14, seed=0, held_out_from=None):
+    """Yields (index, image uint8 [R, R], label, geometry) for `num` images, labels balanced.
+
+    Image i is drawn from its own stream, seeded [seed, i]; images from index `held_out_from` on
+    (the validation/test part of the 80/10/10 split) from a separate seed, [seed, i, 1], which no
+    training image of any generated set uses.
+    """
     labels = np.random.default_rng(seed).permutation(np.arange(num) % 2)
     for i in range(num):
-        rng = np.random.default_rng([seed, i])
+        held_out = held_out_from is not None and i >= held_out_from
+        # The trailing 1 matters: SeedSequence pads entropy with zeros, so [s, i, 0] == [s, i].
+        rng = np.random.default_rng([seed, i, 1] if held_out else [seed, i])
         while True:
             img, geom = draw_sample(rng, resolution, contour_length, int(labels[i]))
             if img is not None:
@@ -152,8 +159,11 @@ def generate(num, *, resolution=32, contour_length=14, seed=0):
 
 
 def generate_release(out_dir, *, resolution=32, num=2000, seed=0, contour_length=14,
-                     images_per_folder=1000, progress=False):
-    """Writes `out_dir/pathfinder{R}/<difficulty>/{imgs,metadata}`; returns that folder."""
+                     images_per_folder=1000, progress=False, held_out_from=None):
+    """Writes `out_dir/pathfinder{R}/<difficulty>/{imgs,metadata}`; returns that folder.
+
+    `held_out_from`: see `generate` (`train_size(num)` draws validation and test from a seed
+    never used for training)."""
     from PIL import Image
     if contour_length not in DIFFICULTIES:
         raise ValueError(f"contour_length must be one of {sorted(DIFFICULTIES)}")
@@ -165,7 +175,7 @@ def generate_release(out_dir, *, resolution=32, num=2000, seed=0, contour_length
         bar = tqdm(total=num, desc=f"pathfinder{resolution}", unit="img")
     lines = {}
     for i, img, label, _ in generate(num, resolution=resolution, contour_length=contour_length,
-                                     seed=seed):
+                                     seed=seed, held_out_from=held_out_from):
         b = i // images_per_folder
         img_dir = os.path.join(folder, "imgs", str(b))
         os.makedirs(img_dir, exist_ok=True)
@@ -236,6 +246,11 @@ def read_index(folder):
     if not entries:
         raise DataError(f"{meta_dir}: no images listed")
     return entries, empty
+
+
+def train_size(n):
+    """Number of training images among `n` entries (the 80% of the 80/10/10 split)."""
+    return int(round(SPLIT_FRACTIONS[0] * n))
 
 
 def split_entries(entries, split):

@@ -51,8 +51,10 @@ def _pathfinder(cfg):
             contour = int(gen.contour_length) or contour
             num = gen.num_train + gen.num_val + gen.num_test
             logging.info("Pathfinder: generating %d images at %d px in %s", num, res, cfg.lra_dir)
+            # Validation and test images from a seed never used for training images.
             pathfinder.generate_release(cfg.lra_dir, resolution=res, num=num, seed=gen.seed,
-                                        contour_length=contour)
+                                        contour_length=contour,
+                                        held_out_from=pathfinder.train_size(num))
         else:
             raise missing_lra_error(
                 cfg.lra_dir, f"pathfinder{res}/{difficulty}/metadata/", cfg.task,
