@@ -266,8 +266,10 @@ def test_real_step_loss_decreases(case):
     tx = optim.make_optimizer(ocfg, abstract["params"], 10)
     state, shardings = steps.init_train_state(model, tx, batch, jax.random.PRNGKey(0), mesh,
                                               rules, objective=obj)
-    train_step = steps.make_train_step(model, obj, tx, mesh, shardings, rules)
-    eval_step = steps.make_eval_step(model, obj, mesh, shardings, rules)
+    fast = {"xla_backend_optimization_level": 0}  # compile time dominates these tests
+    train_step = steps.make_train_step(model, obj, tx, mesh, shardings, rules,
+                                       compiler_options=fast)
+    eval_step = steps.make_eval_step(model, obj, mesh, shardings, rules, compiler_options=fast)
     gb = sharding.shard_batch(batch, mesh, rules)
     # Masked SPT draws new masks every step: compare the loss on fixed (evaluation) masks.
     # The other objectives are deterministic here (no dropout): their train loss at step k is
