@@ -25,6 +25,15 @@ def test_create_mesh_fills_and_checks_device_count():
         sharding.create_mesh(cfg, jax.devices()[:1])
 
 
+def test_maybe_initialize_distributed_single_process_and_bad_config():
+    cfg = sharding.mesh_config()
+    sharding.maybe_initialize_distributed(cfg)  # nothing to do on one host
+    assert jax.process_count() == 1
+    cfg.coordinator_address = "127.0.0.1:1"
+    with pytest.raises(ValueError, match="num_processes"):
+        sharding.maybe_initialize_distributed(cfg)
+
+
 def test_rules_map_logical_names():
     rules = sharding.normalize_rules([["batch", ["data", "fsdp"]], ["embed", "fsdp"],
                                       ["mlp", "tensor"], ["kv", None], ["norm", []]])
