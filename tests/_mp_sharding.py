@@ -13,7 +13,6 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402
-from flax import linen as nn  # noqa: E402
 
 import _mp_common as common  # noqa: E402
 from sptlib import objectives  # noqa: E402
@@ -78,5 +77,4 @@ def main():
 
 
 if __name__ == "__main__":
-    del nn
     main()
