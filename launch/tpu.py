@@ -206,9 +206,10 @@ def run_env(args) -> dict[str, str]:
     VM metadata, and for multi-slice the queued resource publishes MEGASCALE_COORDINATOR_ADDRESS,
     MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID there. JAX_PLATFORMS=tpu,cpu turns a TPU that
     failed to initialise (e.g. held by a stale process) into an error instead of a silent run
-    on the host CPU.
+    on the host CPU. SPTLIB_DISTRIBUTED=1 makes sptlib call `jax.distributed.initialize()`, since
+    nothing in a TPU VM's environment says the job spans several hosts.
     """
-    env = {"JAX_PLATFORMS": "tpu,cpu", "TF_CPP_MIN_LOG_LEVEL": "1",
+    env = {"JAX_PLATFORMS": "tpu,cpu", "TF_CPP_MIN_LOG_LEVEL": "1", "SPTLIB_DISTRIBUTED": "1",
            "SPT_RUN_NAME": args.run_name}
     env.update(common.parse_env(args.env))
     return env

@@ -126,6 +126,7 @@ def test_run_worker_script_executes_in_sandbox(tmp_path):
     (home / "spt-venv/bin").mkdir(parents=True)
     stub = home / "spt-venv/bin/python"
     stub.write_text('#!/bin/bash\necho "PWD=$PWD"\necho "JAX_PLATFORMS=$JAX_PLATFORMS"\n'
+                    'echo "SPTLIB_DISTRIBUTED=$SPTLIB_DISTRIBUTED"\n'
                     'echo "FOO=$FOO"\nfor a in "$@"; do echo "ARG=$a"; done\n')
     stub.chmod(0o755)
     bindir, calls = _fake_bin(tmp_path)
@@ -143,6 +144,7 @@ def test_run_worker_script_executes_in_sandbox(tmp_path):
         time.sleep(0.05)
     lines = log.read_text().splitlines()
     assert lines[0] == f"PWD={home}/sptlib"
+    assert "SPTLIB_DISTRIBUTED=1" in lines
     assert "JAX_PLATFORMS=tpu,cpu" in lines and "FOO=a b'c" in lines
     argv = [line[4:] for line in lines if line.startswith("ARG=")]
     assert argv == ["-m", "sptlib.main", "--config=experiments/pathx.py",

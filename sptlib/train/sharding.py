@@ -116,6 +116,10 @@ def create_mesh(mesh_cfg, devices=None):
 
 def _multihost_env():
     """True when the environment describes a multi-process job JAX can auto-detect."""
+    # Set by launch/tpu.py: on Cloud TPU VMs the worker list comes from the VM metadata server,
+    # which no environment variable reveals, so the launcher says so explicitly.
+    if os.environ.get("SPTLIB_DISTRIBUTED", "") == "1":
+        return True
     if os.environ.get("JAX_COORDINATOR_ADDRESS"):
         return True
     hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
