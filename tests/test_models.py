@@ -88,24 +88,24 @@ def test_every_pattern_forward_backward_at_1024(overrides):
     model = build_model(c, {"kind": "classify", "num_classes": 3})
     x = _tokens(1, 1024)
     mask = jnp.arange(1024)[None] < 1000
-    variables = model.init(jax.random.PRNGKey(0), x, mask)
-    assert set(variables["params"]) == {"encoder", "backbone", "head"}
-    params = variables["params"]
-    # Every parameter carries one logical axis name per dimension.
-    boxes = jax.tree.leaves(params, is_leaf=lambda a: isinstance(a, nn.Partitioned))
-    assert all(isinstance(b, nn.Partitioned) and len(b.names) == b.value.ndim for b in boxes)
-    rest = {k: v for k, v in variables.items() if k != "params"}
 
-    @jax.jit
-    def loss_and_grad(params):
+    @jax.jit  # init and gradient in one compilation: compiling dominates this test on CPU
+    def init_and_grad(key):
+        variables = model.init(key, x, mask)
+        rest = {k: v for k, v in variables.items() if k != "params"}
+
         def loss(p):
             logits, _ = model.apply({"params": p, **rest}, x, mask, deterministic=False,
                                     rngs={"dropout": jax.random.PRNGKey(1)},
                                     mutable=list(rest))
             return jnp.sum(jax.nn.log_softmax(logits)[:, 0])
-        return jax.value_and_grad(loss)(params)
+        return variables["params"], jax.value_and_grad(loss)(variables["params"])
 
-    value, grads = loss_and_grad(params)
+    params, (value, grads) = init_and_grad(jax.random.PRNGKey(0))
+    assert set(params) == {"encoder", "backbone", "head"}
+    # Every parameter carries one logical axis name per dimension.
+    boxes = jax.tree.leaves(params, is_leaf=lambda a: isinstance(a, nn.Partitioned))
+    assert all(isinstance(b, nn.Partitioned) and len(b.names) == b.value.ndim for b in boxes)
     assert np.isfinite(float(value))
     leaves = jax.tree.leaves(flax.core.meta.unbox(grads))
     assert all(np.all(np.isfinite(g)) for g in leaves)
