@@ -25,6 +25,11 @@ def _names(s):
     return tuple(x.strip() for x in s.split(",") if x.strip())
 
 
+def _configs(s):
+    # ';'-separated: config arguments contain commas themselves.
+    return tuple(x.strip() for x in s.split(";") if x.strip())
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m sptlib.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,8 +59,9 @@ def parse_args(argv):
                         "quick 2)")
     p.add_argument("--direct-max-length", type=int, default=None,
                    help="longest direct (O(L^2)) convolution baseline (default 1024, quick 256)")
-    p.add_argument("--train-configs", type=_names, default=None,
-                   help="experiment configs, relative to experiments/ (file.py[:arg])")
+    p.add_argument("--train-configs", type=_configs, default=None,
+                   help="experiment configs relative to experiments/, separated by ';' "
+                        "(file.py[:arg], e.g. 'lra.py:text,s4,scratch;smoke.py')")
     p.add_argument("--train-max-tokens", type=int, default=None,
                    help="tokens per train step (batch reduced to fit; default 2048, quick 512)")
     p.add_argument("--train-max-length", type=int, default=None,
@@ -110,17 +116,18 @@ def main(argv=None):
                 for rec in mixers.bench_scan(length, s, args.kinds):
                     common.emit(rec)
 
-    peak = None
+    peak = peak_cpu = None
     train_kw = dict(max_tokens=args.train_max_tokens or (512 if q else 2048),
                     max_length=args.train_max_length or (256 if q else 0),
                     repeats=args.repeats or 3)
     matmul_sizes = (1024, 2048) if q else (2048, 4096)
     if "train" in args.only or "matmul" in args.only:
-        peak = train.matmul_peak(matmul_sizes)
+        peak, peak_cpu = train.matmul_peak(matmul_sizes)
     if "train" in args.only:
         for spec in args.train_configs or (train.QUICK_CONFIGS if q else train.FULL_CONFIGS):
             try:
-                rec = train.bench_config(spec, peak_flops=peak, **train_kw)
+                rec = train.bench_config(spec, peak_flops=peak, peak_flops_cpu=peak_cpu,
+                                         **train_kw)
             except Exception as e:  # noqa: BLE001 - one broken config must not end the run
                 rec = {"name": f"train/{spec}", "kind": "error",
                        "error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -129,7 +136,8 @@ def main(argv=None):
     if "pipeline" in args.only:
         def consumer(spec):
             try:
-                return train.bench_config(spec, peak_flops=peak, **train_kw)
+                return train.bench_config(spec, peak_flops=peak, peak_flops_cpu=peak_cpu,
+                                          **train_kw)
             except Exception:  # noqa: BLE001
                 return None
         pipeline.run(args.pipelines, args.data_dir,

@@ -78,8 +78,7 @@ def mixer_module(name, s):
                                                      ("n_heads", "impl", "window", "chunk_size")}})
     cls = get_mixer(name)
     opts = dict(mc[name].to_dict()) if name in mc else {}
-    # Keep only the constructor's fields (config.model.s4d.init vs S4DMixer.init_kind: Linen
-    # reserves `init`); map the config's name onto the field where they differ.
+    # Keep only the constructor's fields; an older config spelled S4DMixer.init_kind `init`.
     fields = {f.name for f in dataclasses.fields(cls)}
     if "init" in opts and "init" not in fields and "init_kind" in fields:
         opts["init_kind"] = opts.pop("init")
@@ -126,8 +125,8 @@ def measure_mixer(name, length, kind, s):
     rec.update(seconds=sec, tokens_per_s=batch * length / sec, peak_bytes=peak,
                compile_s=round(compile_s, 3), repeats=len(times), cpu_seconds=cpu)
     if cpu > 0:
-        # Idle-machine estimate: all cores busy for the CPU time this call used (an upper bound unless
-        # XLA threads spin, which inflates CPU time).
+        # Idle-machine estimate: all cores busy for the CPU time this call used (an upper
+        # bound unless XLA threads spin, which inflates CPU time).
         rec["idle_estimate_tokens_per_s"] = batch * length * common.num_cores() / cpu
     return rec
 
