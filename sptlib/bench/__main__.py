@@ -73,6 +73,14 @@ def parse_args(argv):
     p.add_argument("--section", default=None,
                    help="name of the generated section in the markdown file (default full or "
                         "quick)")
+    p.add_argument("--train-records", default=None, metavar="JSONL",
+                   help="pipeline section: compare against the train_step records saved in "
+                        "JSONL (a previous --only train run) instead of measuring consumers")
+    p.add_argument("--render", default=None, metavar="JSONL",
+                   help="measure nothing: render the records saved in JSONL (a previous run's "
+                        "stdout) into --markdown, headed by --render-command")
+    p.add_argument("--render-command", default="(not recorded)",
+                   help="the command that produced --render's records")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -90,6 +98,16 @@ def main(argv=None):
 
     from sptlib.bench import common, mixers, pipeline, report, train
     q = args.quick
+    if args.render:
+        import json
+        with open(args.render) as f:
+            recs = [json.loads(line) for line in f if line.strip().startswith("{")]
+        section = args.section or ("quick" if q else "full")
+        machine = dict(common.machine_info(), loadavg_start=None)  # not this process' load
+        report.write(args.markdown, report.render(recs, machine,
+                                                  args.render_command, section=section),
+                     section=section)
+        return 0
     records = []
     common.add_sink(records.append)
     machine = common.machine_info()
@@ -140,8 +158,13 @@ def main(argv=None):
                                           **train_kw)
             except Exception:  # noqa: BLE001
                 return None
+        saved = []
+        if args.train_records:
+            import json
+            with open(args.train_records) as f:
+                saved = [json.loads(line) for line in f if line.strip().startswith("{")]
         pipeline.run(args.pipelines, args.data_dir,
-                     train_records=[r for r in records if r.get("kind") == "train_step"],
+                     train_records=[r for r in records + saved if r.get("kind") == "train_step"],
                      measure_consumer=consumer, num_batches=30 if q else 100)
 
     if args.markdown:

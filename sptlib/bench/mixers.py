@@ -125,9 +125,10 @@ def measure_mixer(name, length, kind, s):
     rec.update(seconds=sec, tokens_per_s=batch * length / sec, peak_bytes=peak,
                compile_s=round(compile_s, 3), repeats=len(times), cpu_seconds=cpu)
     if cpu > 0:
-        # Idle-machine estimate: all cores busy for the CPU time this call used (an upper
-        # bound unless XLA threads spin, which inflates CPU time).
-        rec["idle_estimate_tokens_per_s"] = batch * length * common.num_cores() / cpu
+        # Idle-machine estimate from this process' CPU time (all threads). XLA:CPU ran these
+        # programs on about one thread on the 2-core test machine (CPU time = wall time, also
+        # when pinned to one core), so CPU time approximates an idle machine's wall time.
+        rec["idle_estimate_tokens_per_s"] = batch * length / cpu
     return rec
 
 
