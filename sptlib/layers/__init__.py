@@ -19,6 +19,8 @@ MIXERS = {
     "dss": "sptlib.layers.ssm:DSSMixer",
     "dlr": "sptlib.layers.ssm:DLRMixer",
     "s5": "sptlib.layers.ssm:S5Mixer",
+    # A whole residual block with the mixer contract; backbones use it without another wrapper.
+    "gss": "sptlib.layers.gss:GSSBlock",
 }
 
 

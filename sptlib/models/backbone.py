@@ -19,6 +19,7 @@ from typing import Any, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
+from sptlib.layers import get_mixer
 from sptlib.layers.blocks import Norm, ResidualBlock
 
 ACTIVATION_AXES = ("batch", "length", "embed")
@@ -45,9 +46,9 @@ class Layer(nn.Module):
         if mask is not None:
             x = jnp.where(mask[..., None], x, 0)  # padding content never enters a layer
         if self.mixer == "gss":
-            from sptlib.layers.gss import GSSBlock  # deferred: written alongside the SSM layers
-            block = GSSBlock(d_model=self.d_model, causal=self.causal, dropout=self.dropout,
-                             **dict(self.mixer_options), name="block")
+            # GSS is a whole residual block (own shortcut and norm): not wrapped again.
+            block = get_mixer("gss")(d_model=self.d_model, causal=self.causal,
+                                     dropout=self.dropout, **dict(self.mixer_options), name="block")
         else:
             block = ResidualBlock(self.mixer, self.mixer_options, self.d_model, self.causal,
                                   self.dropout, self.norm, self.prenorm, self.ffn_mult, self.dtype,
