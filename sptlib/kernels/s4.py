@@ -20,12 +20,14 @@ import jax.numpy as jnp
 from sptlib.kernels.diagonal import _complex_dtype
 
 
-def _cauchy_conj(v, lam, dt, z):
-    """2 sum_n [v_n / d(lam_n) + conj(v_n) / d(conj lam_n)], d(l) = (2/dt)(1-z) - (1+z) l.
+# Elements of one Cauchy denominator block [H, N/2, J_chunk]: 2^22 complex64 = 32 MiB. Above this
+# the sums are evaluated in chunks of the nodes, so memory stays O(k H J + H N) instead of
+# O(H N J) (the dense form needs ~3.5 GiB forward+backward at H=256, N=64, L=16384).
+CAUCHY_BLOCK_ELEMS = 1 << 22
 
-    v `[k, H, N]`, lam `[H, N]`, dt `[H]`, z `[J]` -> `[k, H, J]`. Multiplying the Cauchy
-    denominator g(z) - l (g = (2/dt)(1-z)/(1+z)) by (1+z) removes the pole of g at z = -1.
-    """
+
+def _cauchy_conj_dense(v, lam, dt, z):
+    """All nodes at once: `[k, H, N]`, `[H, N]`, `[H]`, `[J]` -> `[k, H, J]` via `[H, N, J]`."""
     a = (2.0 / dt)[:, None, None] * (1 - z)  # [H, 1, J]
     b = (1 + z)  # [J]
     d1 = a - b * lam[..., None]  # [H, N, J]
@@ -34,7 +36,45 @@ def _cauchy_conj(v, lam, dt, z):
                 + jnp.einsum("khn,hnj->khj", jnp.conj(v), 1 / d2))
 
 
-def s4_kernel(Lambda, P, B, C, log_dt, length):
+def cauchy_chunk_size(channels, half_state, nodes, block_elems=CAUCHY_BLOCK_ELEMS):
+    """Nodes per chunk so that one `[channels, half_state, chunk]` block has <= block_elems
+    elements (at least 1); `nodes` (no chunking) when everything fits at once. The blocks are
+    balanced (ceil(nodes / blocks) each) so the padding of the last one stays small."""
+    cap = max(1, block_elems // max(1, channels * half_state))
+    n_blocks = -(-nodes // cap)
+    return -(-nodes // n_blocks)
+
+
+def _cauchy_conj(v, lam, dt, z, chunk=None):
+    """2 sum_n [v_n / d(lam_n) + conj(v_n) / d(conj lam_n)], d(l) = (2/dt)(1-z) - (1+z) l.
+
+    v `[k, H, N]`, lam `[H, N]`, dt `[H]`, z `[J]` -> `[k, H, J]`. Multiplying the Cauchy
+    denominator g(z) - l (g = (2/dt)(1-z)/(1+z)) by (1+z) removes the pole of g at z = -1.
+
+    chunk: nodes per block (None: `cauchy_chunk_size`). With chunk < J the nodes are visited
+    with `lax.map` over blocks of `chunk`, each block rematerialised in the backward pass, so
+    neither the forward nor the saved residuals hold an `[H, N, J]` array; the sums are the same
+    per node, so the result equals the dense evaluation up to float reassociation.
+    """
+    nodes = z.shape[0]
+    if chunk is None:
+        chunk = cauchy_chunk_size(lam.shape[0], lam.shape[1], nodes)
+    if chunk >= nodes:
+        return _cauchy_conj_dense(v, lam, dt, z)
+    n_blocks = -(-nodes // chunk)
+    # pad by repeating the last node: its denominators are those of a real node (finite whenever
+    # the result is), and the padded sums are dropped
+    zp = jnp.pad(z, (0, n_blocks * chunk - nodes), mode="edge").reshape(n_blocks, chunk)
+
+    # checkpoint: the backward pass recomputes each block's [H, N, chunk] denominators instead
+    # of lax.map stacking them as residuals for all blocks (which would be the dense memory)
+    block = jax.checkpoint(lambda zc: _cauchy_conj_dense(v, lam, dt, zc))
+    s = jax.lax.map(block, zp)  # [blocks, k, H, chunk]
+    s = jnp.moveaxis(s, 0, -2).reshape(s.shape[1:3] + (n_blocks * chunk,))
+    return s[..., :nodes]
+
+
+def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
     """S4 DPLR convolution kernel via Cauchy + Woodbury at the roots of unity (S4 paper, Alg. 1).
 
     Args:
@@ -42,6 +82,8 @@ def s4_kernel(Lambda, P, B, C, log_dt, length):
       C: complex `[..., channels, state/2]` (C tilde; leading dims e.g. 2 for bidirectional).
       log_dt: `[channels]`.
       length: static int.
+      cauchy_chunk: static int, roots of unity per Cauchy block (None: automatic, blocks of
+        about `CAUCHY_BLOCK_ELEMS` elements; >= length // 2 + 1: one dense block).
 
     Returns:
       real `[..., channels, length]`.
@@ -57,7 +99,7 @@ def s4_kernel(Lambda, P, B, C, log_dt, length):
     z = jnp.exp(jax.lax.complex(jnp.zeros_like(j), -2 * math.pi / length * j))  # nodes
     Pc = jnp.conj(P)
     v = jnp.concatenate([c * B, c * P, (Pc * B)[None], (Pc * P)[None]], axis=0)
-    s = _cauchy_conj(v, Lambda, dt, z)  # [2c+2, H, J]
+    s = _cauchy_conj(v, Lambda, dt, z, cauchy_chunk)  # [2c+2, H, J]
     s00, s01, s10, s11 = s[:nc], s[nc:2 * nc], s[2 * nc], s[2 * nc + 1]
     h = (1 + z) / 2
     k_f = s00 - s01 * (h * s10) / (1 + h * s11)
