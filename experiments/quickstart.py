@@ -4,8 +4,9 @@ r"""Quickstart: does self-pretraining change the Transformer-vs-S4D verdict on a
 
 Generated Pathfinder (is there a path between the two markers?) at 16 x 16 pixels read as a
 256-step sequence of pixel intensities, contour length 9 — built by the package on first use
-(`data.generate`), with the validation and test images drawn from generator streams never used
-for training images. Transformer (2 layers, d=64, 4 heads) and S4D (2 layers, d=64) × scratch vs
+(`config.data.generate`): 8,000 training images, then 1,000 validation and 1,000 test images drawn
+from a generator seed never used for a training image (`sptlib.data.pathfinder.generate`,
+`held_out_from`). Transformer (2 layers, d=64, 4 heads) and S4D (2 layers, d=64) × scratch vs
 masked SPT (50% of the pixels, 256-way pixel reconstruction) → finetune with the same budget as
 scratch, 2 seeds: 12 training stages, ≤ 30 minutes on 2 CPU cores (see docs/reproducing.md for the
 measured time). The table lands in `runs/quickstart/comparison.md`, plots beside it.

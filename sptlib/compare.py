@@ -340,8 +340,15 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                                   wall_time_s=time.time() - t0)
             except KeyboardInterrupt:
                 raise
-            except Exception as e:  # one broken cell must not lose the others
+            except Exception as e:
+                if type(e).__name__ == "PreemptedError":
+                    # SIGTERM / preemption: the stage saved a checkpoint; stop the whole
+                    # comparison (rerunning the command resumes it) instead of moving on.
+                    _write_json(records, workdir)
+                    log(f"[compare] stopped on request during {spec.name}; rerun to resume")
+                    raise
                 logging.exception("Run %s failed", spec.name)
+                # Any other error: one broken cell must not lose the others.
                 rec = make_record(spec, load_results(spec.workdir), status="failed",
                                   error=f"{type(e).__name__}: {e}",
                                   wall_time_s=time.time() - t0)
