@@ -99,14 +99,18 @@ def dot_product_attention(q, k, v, key_mask=None, *, causal=False, window=0):
 def chunked_attention(q, k, v, key_mask=None, *, causal=False, window=0, chunk_size=512):
     """Exact softmax attention by an online softmax over query and key chunks.
 
-    Equal to `dot_product_attention` (up to float rounding) for the same arguments. Each query chunk
-    scans over key chunks keeping a running max, normaliser and weighted sum; both the per-query-chunk
-    function and the per-key-chunk step are rematerialised, so backward memory is
-    O(length · head_dim) plus one `[chunk, chunk]` score block per head, not O(length²).
+    Equal to `dot_product_attention` (up to float rounding) for the same arguments. The forward is
+    the online softmax of Rabe & Staats (2021); the backward is FlashAttention-2's (a
+    `jax.custom_vjp`): only the output and the per-row softmax statistics (running max and
+    normaliser, `[batch, heads, length]`) are saved, the probabilities are recomputed one
+    `[chunk, chunk]` block at a time, dK/dV are accumulated per key chunk and dQ per query chunk.
+    Forward and backward memory are therefore O(length · head_dim) plus one score block per head,
+    not O(length²).
 
     With `window > 0` only the `2·ceil(window/chunk)+1` key chunks around each query chunk (the
     `ceil(window/chunk)+1` at and before it when causal) are visited: O(length · window) time.
-    Key chunks wholly in the future of a causal query chunk are skipped (`lax.cond`).
+    Key chunks wholly in the future of a causal query chunk are skipped (`lax.cond`), in the forward
+    and in the backward.
     Lengths that are not a multiple of `chunk_size` are padded internally with masked keys.
 
     Args and return value as `dot_product_attention`, plus
@@ -122,65 +126,141 @@ def chunked_attention(q, k, v, key_mask=None, *, causal=False, window=0, chunk_s
         pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
         q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
         key_mask = jnp.pad(key_mask, [(0, 0), (0, padded - length)])
-    # Chunk axis first so chunks can be indexed (keys) and mapped over (queries).
-    qc = q.reshape(batch, n, c, heads, head_dim).swapaxes(0, 1)
-    kc = k.reshape(batch, n, c, heads, head_dim).swapaxes(0, 1)
-    vc = v.reshape(batch, n, c, heads, head_dim).swapaxes(0, 1)
+    # [n, batch, heads, c, head_dim]: chunk axis first (scanned / indexed), then batch-major
+    # matrices so every block product is a plain batched matmul.
+    split = lambda a: a.reshape(batch, n, c, heads, head_dim).transpose(1, 0, 3, 2, 4)
     mc = key_mask.reshape(batch, n, c).swapaxes(0, 1)
+    out = _flash_attention(split(q), split(k), split(v), mc, causal, int(window))
+    out = out.transpose(1, 0, 3, 2, 4).reshape(batch, padded, heads, head_dim)
+    return out[:, :length]
 
+
+def _chunk_plan(n, c, causal, window):
+    """Key-chunk offsets visited per query chunk and whether they are relative to it."""
     if window:
         reach = -(-window // c)  # key chunks needed on each side of the query chunk
-        offsets = jnp.arange(-reach, 1 if causal else reach + 1)
-        relative = True
-    else:
-        offsets = jnp.arange(n)  # every key chunk
-        relative = False
+        return jnp.arange(-reach, 1 if causal else reach + 1), True
+    return jnp.arange(n), False  # every key chunk, by absolute index
 
-    def kv_step(q_i, i, kc, vc, mc, carry, offset):
-        j = i + offset if relative else offset
-        valid = (j >= 0) & (j < n)
-        # Chunks out of range or wholly in the future are skipped (half the work when causal).
-        needed = valid & (j <= i) if causal else valid
-        return lax.cond(needed, functools.partial(kv_update, q_i, i, j, valid, kc, vc, mc),
-                        lambda carry: carry, carry), None
 
-    def kv_update(q_i, i, j, valid, kc, vc, mc, carry):
-        acc, m, l = carry
-        jc = jnp.clip(j, 0, n - 1)
-        k_j = lax.dynamic_index_in_dim(kc, jc, axis=0, keepdims=False)
-        v_j = lax.dynamic_index_in_dim(vc, jc, axis=0, keepdims=False)
-        m_j = lax.dynamic_index_in_dim(mc, jc, axis=0, keepdims=False)
-        s = jnp.einsum("bqhd,bkhd->bhqk", q_i, k_j, preferred_element_type=jnp.float32)
-        pos = jnp.arange(c)
-        allowed = _allowed(i * c + pos, jc * c + pos, causal, window)
-        # An out-of-range chunk index was clamped to a real chunk: mask it all (no double counting).
-        allowed = (allowed & valid)[None, None] & m_j[:, None, None, :]
-        s = jnp.where(allowed, s, MASK_VALUE)
-        m_new = jnp.maximum(m, s.max(axis=-1))
-        correction = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[..., None])
-        l = l * correction + p.sum(axis=-1)
-        acc = acc * correction[..., None] + jnp.einsum(
-            "bhqk,bkhd->bhqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
-        return acc, m_new, l
+def _block_allowed(i, j, valid, m_j, c, causal, window):
+    """Bool `[batch, 1, c, c]`: allowed (query, key) pairs of query chunk i and key chunk j."""
+    pos = jnp.arange(c)
+    allowed = _allowed(i * c + pos, j * c + pos, causal, window)
+    # A clamped out-of-range chunk index must count for nothing (never visited anyway: lax.cond).
+    return (allowed & valid)[None, None] & m_j[:, None, None, :]
 
-    @jax.checkpoint
-    def query_chunk(q_i, i, kc, vc, mc):
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash_attention(qc, kc, vc, mc, causal, window):
+    """Chunked attention on `[n, batch, heads, c, head_dim]` chunks; `mc` bool `[n, batch, c]`."""
+    return _flash_forward(qc, kc, vc, mc, causal, window)[0]
+
+
+def _flash_forward(qc, kc, vc, mc, causal, window):
+    """Online-softmax forward. Returns the output chunks and the row statistics (max, sum)."""
+    n, batch, heads, c, head_dim = qc.shape
+    offsets, relative = _chunk_plan(n, c, causal, window)
+
+    def query_chunk(_, xs):
+        q_i, i = xs
+
+        def update(j, valid, carry):
+            acc, m, l = carry
+            k_j, v_j, m_j = (lax.dynamic_index_in_dim(a, j, keepdims=False) for a in (kc, vc, mc))
+            s = jnp.einsum("bhqd,bhkd->bhqk", q_i, k_j, preferred_element_type=jnp.float32)
+            s = jnp.where(_block_allowed(i, j, valid, m_j, c, causal, window), s, MASK_VALUE)
+            m_new = jnp.maximum(m, s.max(axis=-1))
+            correction = jnp.exp(m - m_new)
+            p = jnp.exp(s - m_new[..., None])
+            l = l * correction + p.sum(axis=-1)
+            acc = acc * correction[..., None] + jnp.einsum(
+                "bhqk,bhkd->bhqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+            return acc, m_new, l
+
+        def step(carry, offset):
+            j = i + offset if relative else offset
+            valid = (j >= 0) & (j < n)
+            # Chunks out of range or wholly in the future are skipped (half the work when causal).
+            needed = valid & (j <= i) if causal else valid
+            jc = jnp.clip(j, 0, n - 1)
+            return lax.cond(needed, functools.partial(update, jc, valid),
+                            lambda carry: carry, carry), None
+
         init = (jnp.zeros((batch, heads, c, head_dim), jnp.float32),
                 jnp.full((batch, heads, c), MASK_VALUE, jnp.float32),
                 jnp.zeros((batch, heads, c), jnp.float32))
-        step = jax.checkpoint(functools.partial(kv_step, q_i, i, kc, vc, mc), prevent_cse=False)
-        (acc, _, l), _ = lax.scan(step, init, offsets)
-        out = acc / l[..., None]
-        return out.transpose(0, 2, 1, 3).astype(v.dtype)  # [batch, c, heads, head_dim]
+        # Every query chunk visits its own chunk, whose max contributes exp(0) = 1: l >= 1.
+        (acc, m, l), _ = lax.scan(step, init, offsets)
+        return None, ((acc / l[..., None]).astype(vc.dtype), m, l)
 
-    def body(_, xs):
-        q_i, i = xs
-        return None, query_chunk(q_i, i, kc, vc, mc)
+    _, (out, m, l) = lax.scan(query_chunk, None, (qc, jnp.arange(n)))
+    return out, m, l
 
-    _, out = lax.scan(body, None, (qc, jnp.arange(n)))
-    out = out.swapaxes(0, 1).reshape(batch, padded, heads, head_dim)
-    return out[:, :length]
+
+def _flash_fwd(qc, kc, vc, mc, causal, window):
+    out, m, l = _flash_forward(qc, kc, vc, mc, causal, window)
+    return out, (qc, kc, vc, mc, out, m, l)
+
+
+def _flash_bwd(causal, window, residuals, d_out):
+    """FlashAttention-2 backward: one pass over key chunks, each over the query chunks it meets.
+
+    Per (query chunk i, key chunk j) block, with `p = exp(s - m) / l` recomputed and
+    `delta = rowsum(dO * O)`: `dV_j += pᵀ dO_i`, `ds = p * (dO_i V_jᵀ - delta)`, `dK_j += dsᵀ Q_i`,
+    `dQ_i += ds K_j`. dK/dV live in the inner loop's carry; dQ (`[n, batch, heads, c, head_dim]`,
+    float32) is the outer carry, updated in place one chunk at a time.
+    """
+    qc, kc, vc, mc, out, m, l = residuals
+    n, batch, heads, c, head_dim = qc.shape
+    offsets, relative = _chunk_plan(n, c, causal, window)
+    d_out = d_out.astype(jnp.float32)
+    delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)  # [n, batch, heads, c]
+    inv_l = 1.0 / l
+    do_c = d_out.astype(vc.dtype)  # matmul operands in the input dtype, products in float32
+
+    def key_chunk(dq, xs):
+        k_j, v_j, m_j, j = xs
+
+        def update(i, valid, carry):
+            dk, dv, dq = carry
+            q_i, do_i, m_i, inv_l_i, delta_i = (lax.dynamic_index_in_dim(a, i, keepdims=False)
+                                                for a in (qc, do_c, m, inv_l, delta))
+            s = jnp.einsum("bhqd,bhkd->bhqk", q_i, k_j, preferred_element_type=jnp.float32)
+            allowed = _block_allowed(i, j, valid, m_j, c, causal, window)
+            s = jnp.where(allowed, s, MASK_VALUE)
+            p = jnp.exp(s - m_i[..., None]) * inv_l_i[..., None]
+            dv = dv + jnp.einsum("bhqk,bhqd->bhkd", p.astype(do_i.dtype), do_i,
+                                 preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bhqd,bhkd->bhqk", do_i, v_j, preferred_element_type=jnp.float32)
+            # Masked scores get no gradient (they were replaced by a constant), even in a fully
+            # masked row where p is uniform rather than 0.
+            ds = jnp.where(allowed, p * (dp - delta_i[..., None]), 0.0)
+            dk = dk + jnp.einsum("bhqk,bhqd->bhkd", ds.astype(q_i.dtype), q_i,
+                                 preferred_element_type=jnp.float32)
+            dq_i = lax.dynamic_index_in_dim(dq, i, keepdims=False) + jnp.einsum(
+                "bhqk,bhkd->bhqd", ds.astype(k_j.dtype), k_j, preferred_element_type=jnp.float32)
+            return dk, dv, lax.dynamic_update_index_in_dim(dq, dq_i, i, 0)
+
+        def step(carry, offset):
+            # The query chunks that visited key chunk j in the forward (same skipping rule).
+            i = j - offset if relative else offset
+            valid = (i >= 0) & (i < n)
+            needed = valid & (j <= i) if causal else valid
+            ic = jnp.clip(i, 0, n - 1)
+            return lax.cond(needed, functools.partial(update, ic, valid),
+                            lambda carry: carry, carry), None
+
+        zeros = jnp.zeros((batch, heads, c, head_dim), jnp.float32)
+        (dk, dv, dq), _ = lax.scan(step, (zeros, zeros, dq), offsets)
+        return dq, (dk.astype(kc.dtype), dv.astype(vc.dtype))
+
+    dq, (dk, dv) = lax.scan(key_chunk, jnp.zeros(qc.shape, jnp.float32),
+                            (kc, vc, mc, jnp.arange(n)))
+    return dq.astype(qc.dtype), dk, dv, None
+
+
+_flash_attention.defvjp(_flash_fwd, _flash_bwd)
 
 
 # ---------------------------------------------------------------------------------------------
