@@ -6,9 +6,10 @@ causal) — and differ only in memory:
 
 - ``plain``: one `[batch, heads, length, length]` score matrix; fastest for short sequences (on CPU a
   hand einsum softmax beat `jax.nn.dot_product_attention`, DESIGN §7).
-- ``chunked``: exact online softmax over query and key chunks (Rabe & Staats 2021); the per-chunk
-  functions are rematerialised (`jax.checkpoint`), so forward *and* backward memory grow linearly with
-  length.
+- ``chunked``: exact online softmax over query and key chunks (Rabe & Staats 2021) with the
+  FlashAttention-2 backward (a `jax.custom_vjp` that saves only the output and per-row softmax
+  statistics and recomputes probabilities block by block), so forward *and* backward memory grow
+  linearly with length.
 - ``local``: the chunked kernel visiting only the key chunks that intersect the band, so time and
   memory are O(length · window) — for PathX (16,384) and PathX-256 (65,536).
 
