@@ -1,4 +1,4 @@
-r"""Local reproduction of the paper's effect, sized to what one CPU session could run.
+r"""Local reproduction of the paper's effect (27 runs; not yet run to completion, see below).
 
     python -m sptlib.compare --config=experiments/reproduce_local.py --workdir=runs/reproduce
 
@@ -13,9 +13,13 @@ pretrain checkpoint) × 3 seeds = 27 runs, batch 32.
 
 What the paper predicts (issue 8's acceptance): Transformer SPT − scratch ≥ +10 points; the
 S4D − Transformer gap smaller under SPT than from scratch; DLR + SPT within 2 points of S4D + SPT.
-The budget here (500 + 500 steps, two epochs of the training images per stage) is what fitted in
-about 75 minutes of a shared 2-core machine, not the ≤ 3 h the issue allows; docs/reproducing.md
-has the measured table, wall time and the pilot numbers, whether or not they show the effect.
+Budget: 500 + 500 steps (about two epochs of the training images per stage). NOT run to
+completion: the development session (a 2-core machine shared with other jobs, load 6-13) ran
+only seed 0 of the Transformer/S4D/DLR scratch and S4D spt-masked cells, and every one ended at
+the test set's majority share (49.0%); the masked-pixel pretraining had barely moved below the
+loss of predicting the marginal pixel distribution. Estimated cost of the full grid: ~2 h on a
+quiet 2-core machine (7,500 Transformer and 15,000 SSM steps at ~3.5 steps/s, plus evaluation),
+3-4 h under load. docs/reproducing.md has the numbers and what to try next.
 For a longer run: `--config=experiments/reproduce_local.py:steps=2000,pretrain_steps=2000`.
 
     get_config("[model,regime][,steps=..][,pretrain_steps=..][,resolution=16]"
