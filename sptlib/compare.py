@@ -413,6 +413,8 @@ def _json_default(o):
 
 def main(argv):
     del argv
+    from sptlib import logs
+    logs.quiet_library_logs()
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
     filename = config_flags.get_config_filename(flags.FLAGS["config"])

@@ -6,12 +6,13 @@
 Also installed as the `spt-train` console script. Re-running the same command resumes.
 """
 
-import logging as pylogging
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
+
+from sptlib import logs
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -22,22 +23,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (local path or gs
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-class _LibraryInfoFilter(pylogging.Filter):
-    """Drops INFO/DEBUG records of chatty libraries (orbax logs every file of every save)."""
-
-    _QUIET = ("/orbax/", "/grain/")
-
-    def filter(self, record):
-        if str(record.msg).startswith("Requested `tracked_metric`"):
-            return False  # orbax, on every checkpoint saved between evaluations: expected here
-        return record.levelno >= pylogging.WARNING or not any(
-            q in record.pathname for q in self._QUIET)
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    pylogging.getLogger("absl").addFilter(_LibraryInfoFilter())
+    logs.quiet_library_logs()
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
     from sptlib import pipeline
     from sptlib.train import loop

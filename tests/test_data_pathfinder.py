@@ -139,3 +139,16 @@ def test_missing_lra_dir_and_generate_on_demand(tmp_path):
     assert task.info["vocab_size"] == 258
     b = next(task.make_iterator("train", batch_size=8, seed=0))
     assert b["inputs"].shape == (8, 1024) and b["inputs"].min() >= 2
+
+
+def test_held_out_images_come_from_a_seed_no_training_image_uses():
+    n, cut = 40, pathfinder.train_size(40)
+    plain = [img for _, img, _, _ in pathfinder.generate(n, resolution=16, seed=3)]
+    held = [img for _, img, _, _ in pathfinder.generate(n, resolution=16, seed=3,
+                                                         held_out_from=cut)]
+    # Training images are the same with or without a held-out part ...
+    assert all(np.array_equal(a, b) for a, b in zip(plain[:cut], held[:cut]))
+    # ... and every held-out image is new: equal to no image drawn from the training streams.
+    train_stream = plain  # streams [seed, i] for every i, train and former eval positions alike
+    for img in held[cut:]:
+        assert not any(np.array_equal(img, t) for t in train_stream)
