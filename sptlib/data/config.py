@@ -7,14 +7,14 @@ Zero / empty values mean "the task's default" (e.g. `max_length=0` -> 2000 for L
 import ml_collections
 
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
-         "speech_commands", "fashion_mnist")
+         "speech_commands", "fashion_mnist", "lines")
 
 
 def data_config():
     """Returns the default data config (ListOps from `lra_dir`); experiments override fields."""
     c = ml_collections.ConfigDict()
     # Task: listops | text | retrieval | image | scifar | pathfinder | pathx | pathx256 |
-    # speech_commands | fashion_mnist.
+    # speech_commands | fashion_mnist | lines (generated in memory, sptlib/data/lines.py).
     c.task = "listops"
     # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
     c.lra_dir = "lra_release"
@@ -33,7 +33,7 @@ def data_config():
     # (listops, text, retrieval) support tokens only.
     c.input_type = "tokens"
     # Image side in pixels: pathfinder 32|64|128|256 (pathx = 128, pathx256 = 256 when 0);
-    # fashion_mnist 28 or 14 (2x2 average-pooled); 0 = task default.
+    # fashion_mnist 28 or 14 (2x2 average-pooled); lines any side >= 8 (16); 0 = task default.
     c.resolution = 0
     # Pathfinder difficulty folder: curv_baseline | curv_contour_length_9 | curv_contour_length_14.
     c.difficulty = "curv_contour_length_14"

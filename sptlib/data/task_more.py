@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from sptlib.data import aan, fashion_mnist, pathfinder, sources, tokenizers
+from sptlib.data import aan, fashion_mnist, lines, pathfinder, sources, tokenizers
 from sptlib.data.tasks import Task, _check_tokens, _info, missing_lra_error, register
 
 # ---------------------------------------------------------------------------------------------
@@ -83,6 +83,35 @@ def _pathfinder(cfg):
 
 for _name in _PATHFINDER_RES:
     register(_name)(_pathfinder)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines (generated in memory)
+
+
+@register("lines")
+def _lines(cfg):
+    res = int(cfg.resolution) or 16
+    if res < 8:
+        raise ValueError(f"lines: resolution must be >= 8, got {res}")
+    if int(cfg.max_length) and int(cfg.max_length) != res * res:
+        raise ValueError(f"lines: max_length is fixed at {res * res} (resolution {res})")
+    gen = cfg.generate
+    state = {}
+
+    def load(split):
+        if "splits" not in state:  # one draw for all three splits (train vs held-out streams)
+            logging.info("Lines: generating %d/%d/%d images at %d px (seed %d)", gen.num_train,
+                         gen.num_val, gen.num_test, res, gen.seed)
+            state["splits"] = lines.split(int(gen.num_train), int(gen.num_val),
+                                          int(gen.num_test), resolution=res, seed=int(gen.seed))
+        images, labels = state["splits"][split]
+        return sources.ArraySource(images.reshape(len(images), -1, 1), labels, cfg.input_type)
+
+    tokens = cfg.input_type == "tokens"
+    info = _info("lines", vocab_size=tokenizers.PIXEL_VOCAB_SIZE if tokens else 0,
+                 num_classes=lines.NUM_CLASSES, max_length=res * res, input_type=cfg.input_type)
+    return Task(cfg, info, load)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""Generated "Lines" images: which way does the one line segment among scattered dots run?
+
+A CPU-sized image task for the local reproduction (docs/reproducing.md). Each R x R grey image
+(default 16 x 16, read as an L = R*R pixel sequence) holds background noise, isolated dots and
+one straight segment of `min_len`..`max_len` pixels; the label is the segment's direction:
+0 horizontal, 1 vertical, 2 diagonal (down-right), 3 anti-diagonal (down-left).
+
+Why this task: dots and segment pixels share one intensity distribution and the number of dots
+varies, so no per-pixel statistic (mean, histogram, pooled pixel features) says anything about
+the label. The model has to relate a lit pixel to its neighbours at sequence offsets 1, R-1, R
+and R+1 — the 2-D locality an SSM's convolution kernel expresses directly and a Transformer
+with absolute positions must learn from data. Masked-pixel denoising on the same images rewards
+exactly those relations (a masked segment pixel is predictable from its segment neighbours), so
+self-pretraining has something to teach.
+
+Pure NumPy; `generate(n, seed=...)` is deterministic and byte-identical across runs. Image i is
+drawn from its own stream seeded [seed, i], so a set's first images do not depend on its size.
+"""
+
+import numpy as np
+
+NUM_CLASSES = 4
+CLASS_NAMES = ("horizontal", "vertical", "diagonal", "anti-diagonal")
+# (row step, column step) of each direction.
+_STEPS = ((0, 1), (1, 0), (1, 1), (1, -1))
+# Stream tag of held-out (validation/test) images: never used for a training image.
+HELD_OUT_TAG = 1_000_003
+
+
+def draw_sample(rng, resolution, label, *, min_len=4, max_len=7, min_dots=4, max_dots=10,
+                noise=0.25):
+    """One image: uint8 `[resolution, resolution]`.
+
+    Background uniform in [0, noise]; the segment and the dots uniform in [0.6, 1.0]. No dot
+    touches (8-neighbourhood) the segment or another dot, so dots never extend or form lines.
+    """
+    r = resolution
+    if not 0 <= label < NUM_CLASSES:
+        raise ValueError(f"label must be in [0, {NUM_CLASSES}), got {label}")
+    if max_len > r:
+        raise ValueError(f"max_len={max_len} does not fit a {r} x {r} image")
+    img = rng.uniform(0.0, noise, size=(r, r))
+    taken = np.zeros((r + 2, r + 2), bool)  # padded occupancy (8-neighbourhood checks)
+    length = int(rng.integers(min_len, max_len + 1))
+    dr, dc = _STEPS[label]
+    # Start so that every pixel of the segment is inside the image.
+    rows = range(0, r - dr * (length - 1))
+    cols = range(max(0, -dc * (length - 1)), r - max(0, dc) * (length - 1))
+    r0, c0 = int(rng.choice(rows)), int(rng.choice(cols))
+    for k in range(length):
+        y, x = r0 + dr * k, c0 + dc * k
+        img[y, x] = rng.uniform(0.6, 1.0)
+        taken[y:y + 3, x:x + 3] = True
+    dots = int(rng.integers(min_dots, max_dots + 1))
+    placed, tries = 0, 0
+    while placed < dots and tries < 50 * dots:
+        tries += 1
+        y, x = (int(v) for v in rng.integers(0, r, size=2))
+        if taken[y + 1, x + 1]:
+            continue
+        img[y, x] = rng.uniform(0.6, 1.0)
+        taken[y:y + 3, x:x + 3] = True
+        placed += 1
+    return np.round(img * 255).astype(np.uint8)
+
+
+def generate(num, *, resolution=16, seed=0, held_out=False, **kwargs):
+    """`num` images and labels: (uint8 `[num, resolution, resolution]`, int32 `[num]`).
+
+    Labels cycle through the classes (balanced to within one). `held_out=True` draws from a
+    stream no training set uses (seeded [seed, HELD_OUT_TAG, i]), for validation and test.
+    """
+    images = np.empty((num, resolution, resolution), np.uint8)
+    labels = np.arange(num, dtype=np.int32) % NUM_CLASSES
+    for i in range(num):
+        key = [seed, HELD_OUT_TAG, i] if held_out else [seed, i]
+        images[i] = draw_sample(np.random.default_rng(key), resolution, int(labels[i]), **kwargs)
+    return images, labels
+
+
+def split(num_train, num_val, num_test, *, resolution=16, seed=0, **kwargs):
+    """{'train', 'validation', 'test'} -> (images, labels). Validation and test are the first
+    `num_val` and the next `num_test` images of one held-out draw (balanced when each count is
+    a multiple of NUM_CLASSES)."""
+    train = generate(num_train, resolution=resolution, seed=seed, **kwargs)
+    ev_images, ev_labels = generate(num_val + num_test, resolution=resolution, seed=seed,
+                                    held_out=True, **kwargs)
+    return {"train": train,
+            "validation": (ev_images[:num_val], ev_labels[:num_val]),
+            "test": (ev_images[num_val:], ev_labels[num_val:])}
