@@ -145,3 +145,18 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     # Every kept checkpoint holds finite parameters.
     for step in kept:
         assert all(np.isfinite(v).all() for v in jax.tree.leaves(_read_params(ck_dir / str(step))))
+
+
+def test_relative_workdir_runs_pretrain_then_finetune(tmp_path, monkeypatch):
+    """The README runs `--workdir=runs/quickstart`, a relative path; orbax accepts only absolute
+    local paths, so the engine must resolve it (this failed every quickstart run once)."""
+    monkeypatch.chdir(tmp_path)
+    config = _tiny_config("lra")
+    for name in ("pretrain", "finetune"):
+        s = config.stages[name]
+        s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 4, 2, 2, 2
+    config.stage_order = ("pretrain", "finetune")
+    results = pipeline.run(config, "runs/rel")
+    for stage in ("pretrain", "finetune"):
+        assert (tmp_path / "runs" / "rel" / stage / "checkpoints" / "4").is_dir()
+    assert results["stages"]["finetune"]["init"]["kind"] == "init_from"

@@ -22,6 +22,7 @@ Every path is an `etils.epath.Path`, so `gs://` workdirs work like local ones.
 
 import json
 import math
+import os
 import re
 import time
 from typing import Any, Iterable, Optional, Sequence
@@ -153,6 +154,15 @@ def _is_step_dir(path: epath.Path) -> bool:
 # One stage's checkpoint manager.
 # ----------------------------------------------------------------------------------------------
 
+def absolute(path) -> epath.Path:
+    """`path` as an absolute epath (orbax refuses relative local paths: "Checkpoint path should
+    be absolute"); remote paths (gs://...) are returned unchanged."""
+    text = os.fspath(path) if not isinstance(path, epath.Path) else str(path)
+    if "://" in text:
+        return epath.Path(text)
+    return epath.Path(os.path.abspath(text))
+
+
 class StageCheckpointer:
     """Saves and restores one stage's `TrainState` and data iterator state.
 
@@ -162,7 +172,7 @@ class StageCheckpointer:
     """
 
     def __init__(self, directory, *, keep: int = 2, async_saves: bool = True):
-        self.directory = epath.Path(directory)
+        self.directory = absolute(directory)
         policy = ocp.checkpoint_managers.AnyPreservationPolicy([
             ocp.checkpoint_managers.LatestN(n=keep),
             ocp.checkpoint_managers.BestN(get_metric_fn=_score_fn, n=1,
@@ -284,8 +294,8 @@ def resolve_init_checkpoint(init_from: str, workdir, which: str = "best") -> epa
     """
     candidates = []
     if "/" not in init_from and workdir is not None:
-        candidates.append(epath.Path(workdir) / init_from / CHECKPOINTS_DIR)
-    path = epath.Path(init_from)
+        candidates.append(absolute(workdir) / init_from / CHECKPOINTS_DIR)
+    path = absolute(init_from)
     candidates += [path / CHECKPOINTS_DIR, path]
     for cand in candidates:
         if not cand.exists():
@@ -352,7 +362,7 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
     Raises:
       IncompatibleCheckpointError: naming the first (sorted) mismatched parameter.
     """
-    step_dir = epath.Path(step_dir)
+    step_dir = absolute(step_dir)
     saved = _saved_tree(step_dir)
     model_state = model_state or {}
     targets = {"params": params, "model_state": model_state}

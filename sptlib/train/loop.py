@@ -124,7 +124,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     """
     t_start = time.time()
     stage = config.stages[stage_name]
-    workdir = epath.Path(workdir)
+    workdir = ckpt_lib.absolute(workdir)  # orbax needs absolute local paths
     stage_dir = workdir / stage_name
     is_main = steps.is_main_process()
     num_steps = int(stage.num_steps)
