@@ -196,17 +196,13 @@ TASKS: dict[str, TaskSpec] = {
 
 
 def randinit_overrides(model: str) -> dict | None:
-    """Model overrides of the random-SSM-init variant (`<model>-randinit`), or None when the zoo
-    has no random initialiser for that model."""
+    """Model overrides of the random-SSM-init variant (`<model>-randinit`: the unstructured
+    control of the paper's structured-vs-random ablation, `kernels.init.random_diagonal`), or
+    None when the zoo has no random initialiser for that model (S4D and DSS have one)."""
     base = model.removesuffix("-randinit")
-    if base not in ("s4d", "dss", "s5"):
+    if base not in ("s4d", "dss"):
         return None
-    try:  # enabled as soon as the kernels offer a random init
-        from sptlib.kernels import init as init_lib
-        init_lib.s4d_init(4, "random")
-    except Exception:
-        return None
-    return {f"{base}.init": "random"}
+    return {f"{base}.init_kind": "random"}
 
 
 def has_randinit(model: str) -> bool:
@@ -371,44 +367,61 @@ def tiny(config, *, steps: int = 2, d_model: int = 16, n_layers: int = 1,
 
 
 def local_pathfinder(model: str, regime: str, *, resolution: int, contour_length: int,
-                     num_train: int, num_eval: int, n_layers: int, d_model: int, steps: int,
-                     pretrain_steps: int, batch_size: int, lr: float, eval_every: int,
-                     compare: dict, data_seed: int = 0, n_heads: int = 4,
-                     ffn_mult: int = 2, d_state: int = 64) -> ml_collections.ConfigDict:
-    """A CPU-sized Pathfinder comparison on generated images (quickstart, local reproduction).
+                     num_train: int, num_eval: int, data_seed: int = 0,
+                     **kwargs) -> ml_collections.ConfigDict:
+    """A CPU-sized Pathfinder comparison on generated images (the quickstart).
 
-    Every model gets the same width, depth, optimiser and budget; SSM parameters take lr 1e-3 and
-    no weight decay as in the paper. The generator seed `data_seed` fixes the images for every
-    training seed; the validation and test images are drawn from a generator seed never used for
-    a training image (`data.pathfinder.generate`, `held_out_from`).
+    The generator seed `data_seed` fixes the images for every training seed; the validation and
+    test images are drawn from a generator seed never used for a training image
+    (`data.pathfinder.generate`, `held_out_from`). `kwargs`: see `local_comparison`.
+    """
+    total = int(round((num_train + 2 * num_eval)))
+    if num_train != int(round(0.8 * total)):
+        # The reader splits the generated set 80/10/10; other sizes would be silently changed.
+        raise ValueError(f"num_train={num_train}, num_eval={num_eval}: Pathfinder sets are "
+                         "split 80/10/10, so num_train must be 8 x num_eval")
+    data = dict(task="pathfinder", input_type="continuous", resolution=resolution,
+                difficulty=DIFFICULTY_NAMES.get(contour_length, "curv_contour_length_14"),
+                # Validation/test images come from a generator seed never used for training
+                # images; '_heldout' keeps older sets, drawn before that split, from being reused.
+                lra_dir=os.path.join("data", f"pathfinder_gen_seed{data_seed}_n{total}"
+                                     f"_c{contour_length}_heldout"))
+    generate = dict(enabled=True, contour_length=contour_length, seed=data_seed,
+                    num_train=num_train, num_val=num_eval, num_test=num_eval)
+    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
+
+
+def local_lines(model: str, regime: str, *, resolution: int, num_train: int, num_eval: int,
+                data_seed: int = 0, **kwargs) -> ml_collections.ConfigDict:
+    """A CPU-sized comparison on generated Lines images (`sptlib.data.lines`; the local
+    reproduction). Validation and test images come from a stream no training image uses."""
+    data = dict(task="lines", input_type="continuous", resolution=resolution)
+    generate = dict(enabled=True, seed=data_seed, num_train=num_train, num_val=num_eval,
+                    num_test=num_eval)
+    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
+
+
+def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_layers: int,
+                     d_model: int, steps: int, pretrain_steps: int, batch_size: int, lr: float,
+                     eval_every: int, compare: dict, n_heads: int = 4, ffn_mult: int = 2,
+                     d_state: int = 64, mask_rate: float = 0.5,
+                     target: str = "pixel256") -> ml_collections.ConfigDict:
+    """A CPU-sized comparison config on a generated continuous-input task (locked).
+
+    Every model gets the same width, depth, optimiser (AdamW, cosine, weight decay 0.01) and
+    budget; SSM parameters take lr 1e-3 and no weight decay as in the paper. Masked SPT masks
+    `mask_rate` of the pixels and reconstructs them (`target`: pixel256 | l1).
     """
     from sptlib.train import config as train_config
 
-    task = dataclasses.replace(
-        TASKS["pathfinder"], data=dict(task="pathfinder", input_type="continuous",
-                                       resolution=resolution))
+    task = dataclasses.replace(TASKS["pathfinder"], data=dict(data), mask_rate=mask_rate,
+                               target=target)
     recipe = Recipe(n_layers, d_model, batch_size, lr, 0.01, 1, warmup_steps=min(100, steps // 10),
                     schedule="cosine", n_heads=n_heads, ffn_mult=ffn_mult, norm="layer")
     c = train_config.base_config()
     with c.unlocked():
-        c.data.update(task.data)
-        c.data.difficulty = DIFFICULTY_NAMES.get(contour_length, c.data.difficulty)
-        c.data.generate.enabled = True
-        c.data.generate.contour_length = contour_length
-        c.data.generate.seed = data_seed
-        total = int(round((num_train + 2 * num_eval)))
-        if num_train != int(round(0.8 * total)):
-            # The reader splits the generated set 80/10/10; other sizes would be silently changed.
-            raise ValueError(f"num_train={num_train}, num_eval={num_eval}: Pathfinder sets are "
-                             "split 80/10/10, so num_train must be 8 x num_eval")
-        c.data.generate.num_train = num_train
-        c.data.generate.num_val = num_eval
-        c.data.generate.num_test = num_eval
-        # Validation/test images come from a generator seed never used for training images
-        # (data.pathfinder.generate's held_out_from); '_heldout' keeps older sets, drawn before
-        # that split, from being reused.
-        c.data.lra_dir = os.path.join(
-            "data", f"pathfinder_gen_seed{data_seed}_n{total}_c{contour_length}_heldout")
+        c.data.update(data)
+        c.data.generate.update(generate)
         set_model(c.model, model, task, recipe)
         for sub in ("s4", "s4d", "dss", "s5"):
             c.model[sub].d_state = d_state
@@ -443,7 +456,8 @@ def sequence_length(config) -> int:
     if d.task in ("pathfinder", "pathx", "pathx256"):
         return int(res * res)
     return {"listops": 2000, "text": 4096, "retrieval": 4000, "image": 1024, "scifar": 1024,
-            "speech_commands": 16000, "fashion_mnist": 784}.get(d.task, 1024)
+            "speech_commands": 16000, "fashion_mnist": 784,
+            "lines": (d.resolution or 16) ** 2}.get(d.task, 1024)
 
 
 def estimate_flops(config, stage: str, num_params: int) -> dict:

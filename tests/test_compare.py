@@ -162,3 +162,18 @@ def test_report_without_intervals_and_length_table(tmp_path):
     md = report.markdown(recs)
     assert "| a | 60.0 (1) |" in md
     assert "| a | scratch | 60.0 | 55.0 | 50.0 |" in md
+
+
+def test_rand_init_adds_unstructured_variants_of_diagonal_ssms(tmp_path):
+    """`--rand_init` on a real experiment file: s4d gets an `s4d-randinit` twin whose mixer is
+    initialised randomly; models without a random initialiser (transformer, dlr) get none."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _, specs = compare.expand(os.path.join(root, "experiments", "reproduce_local.py"), {},
+                              workdir=str(tmp_path), regimes=["scratch"], seeds=[0],
+                              rand_init=True)
+    models = [s.model for s in specs]
+    assert models == ["transformer", "s4d", "dlr", "s4d-randinit"]
+    by = {s.model: s.config for s in specs}
+    assert by["s4d-randinit"].model.s4d.init_kind == "random"
+    assert by["s4d"].model.s4d.init_kind == "lin"
+    assert by["s4d-randinit"].model.mixer == "s4d"

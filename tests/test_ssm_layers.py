@@ -19,7 +19,9 @@ CASES = {
     "s4d_zoh": (S4DMixer, dict(d_state=8)),
     "s4d_bilinear_legs": (S4DMixer, dict(d_state=8, discretization="bilinear", init_kind="legs")),
     "s4d_inv": (S4DMixer, dict(d_state=8, init_kind="inv")),
+    "s4d_random": (S4DMixer, dict(d_state=8, init_kind="random")),
     "dss_exp": (DSSMixer, dict(d_state=8)),
+    "dss_random": (DSSMixer, dict(d_state=8, init_kind="random")),
     "dss_softmax": (DSSMixer, dict(d_state=8, version="softmax")),
     "dlr": (DLRMixer, dict(d_state=16)),
     "s5": (S5Mixer, dict(d_state=8)),
@@ -157,3 +159,25 @@ def test_step_needs_causal():
     v = m.init(jax.random.PRNGKey(0), inputs(1, 8))
     with pytest.raises(ValueError):
         m.apply(v, 1, method=m.initial_state)
+
+
+def test_random_init_is_unstructured_and_stable():
+    """The rand-init control: per-channel draws (S4D), stable Re A in [-1, -0.1), frequencies
+    neither sorted nor on S4D-Lin's grid, and a different draw for a different key."""
+    x = inputs(1, 16)
+    mod = S4DMixer(d_model=H, d_state=8, init_kind="random")
+    p0 = nn.unbox(mod.init(jax.random.PRNGKey(0), x)["params"])
+    p1 = nn.unbox(mod.init(jax.random.PRNGKey(1), x)["params"])
+    re = -np.exp(np.asarray(p0["A_re"]))
+    im = np.asarray(p0["A_im"])
+    assert re.shape == (H, 4) and np.all((re <= -0.1) & (re > -1.0))
+    assert not np.allclose(im[0], im[1])  # channels differ
+    assert not np.allclose(im, np.sort(im, axis=-1))  # unsorted
+    lin = nn.unbox(S4DMixer(d_model=H, d_state=8).init(jax.random.PRNGKey(0), x)["params"])
+    assert not np.allclose(im, np.asarray(lin["A_im"]))
+    assert not np.allclose(p0["A_im"], p1["A_im"])
+    dss = nn.unbox(DSSMixer(d_model=H, d_state=8, init_kind="random", version="softmax").init(
+        jax.random.PRNGKey(0), x)["params"])
+    assert np.all(np.asarray(dss["Lambda_re"]) < 0)  # softmax version stores Re lambda itself
+    with pytest.raises(ValueError, match="legs | random"):
+        DSSMixer(d_model=H, d_state=8, init_kind="lin").init(jax.random.PRNGKey(0), x)

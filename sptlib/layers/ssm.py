@@ -80,6 +80,24 @@ def _log_uniform(low, high):
     return init
 
 
+def _random_diagonal_inits(modes):
+    """Initialisers (log(-Re A), Im A, B as (re, im) pairs) drawing `kernels.init.random_diagonal`
+    from the parameter's key; the last axis of each shape is the `modes` axis."""
+    def a_re(key, shape, dtype=jnp.float32):
+        return jnp.log(jax.random.uniform(key, shape, dtype, 0.1, 1.0))
+
+    def a_im(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, 0.0, np.pi * modes)
+
+    return a_re, a_im, _complex_normal(1.0)
+
+
+def _negated_exp(init):
+    def wrapped(key, shape, dtype=jnp.float32):
+        return -jnp.exp(init(key, shape, dtype))
+    return wrapped
+
+
 def _complex_normal(std):
     """(re, im) pairs of a complex normal with E|z|^2 = std^2."""
     def init(key, shape, dtype=jnp.float32):
@@ -218,7 +236,9 @@ class S4DMixer(_ConvSSM):
     """S4D (Gu, Gupta, Goel & Re 2022): diagonal A per channel, N/2 conjugate pairs.
 
     K_k = 2 Re sum_n C_n B_n (exp(dt A_n) - 1)/A_n exp(k dt A_n) (ZOH; bilinear optional).
-    Fields: d_state (N), init_kind (lin | inv | legs; `init` is taken by Linen), discretization (zoh | bilinear).
+    Fields: d_state (N), init_kind (lin | inv | legs | random; `init` is taken by Linen; random
+    is the unstructured control, see `kernels.init.random_diagonal`), discretization (zoh |
+    bilinear).
     Parameters: A_re (log of -Re A), A_im, B, log_dt [ssm]; C, D, out_proj [default].
     """
     init_kind: str = "lin"
@@ -226,11 +246,19 @@ class S4DMixer(_ConvSSM):
 
     def _setup_ssm(self):
         h, n2 = self.d_model, self.d_state // 2
-        a, b = K.s4d_init(self.d_state, self.init_kind)
         ax = ("ssm_channels", "ssm_state")
-        self.A_re = self._p("A_re", _const(np.tile(np.log(-a.real), (h, 1))), (h, n2), ax)
-        self.A_im = self._p("A_im", _const(np.tile(a.imag, (h, 1))), (h, n2), ax)
-        self.B = self._p("B", _const(np.tile(_real_pair(b), (h, 1, 1))), (h, n2, 2), ax + (None,))
+        if self.init_kind == "random":
+            # Unstructured control: every channel draws its own A and B from the init key.
+            a_re, a_im, b = _random_diagonal_inits(n2)
+            self.A_re = self._p("A_re", a_re, (h, n2), ax)
+            self.A_im = self._p("A_im", a_im, (h, n2), ax)
+            self.B = self._p("B", b, (h, n2, 2), ax + (None,))
+        else:
+            a, b = K.s4d_init(self.d_state, self.init_kind)
+            self.A_re = self._p("A_re", _const(np.tile(np.log(-a.real), (h, 1))), (h, n2), ax)
+            self.A_im = self._p("A_im", _const(np.tile(a.imag, (h, 1))), (h, n2), ax)
+            self.B = self._p("B", _const(np.tile(_real_pair(b), (h, 1, 1))), (h, n2, 2),
+                             ax + (None,))
         self.C = self._p("C", _complex_normal(1.0), (self.n_dir, h, n2, 2),
                          (None,) + ax + (None,))
         self.log_dt = self._p("log_dt", _log_uniform(self.dt_min, self.dt_max), (h,),
@@ -261,6 +289,7 @@ class DSSMixer(_ConvSSM):
     Lambda_im, log_dt [ssm]; W, D, out_proj [default].
     """
     version: str = "exp"
+    init_kind: str = "legs"  # legs | random (the unstructured control)
 
     @property
     def _length_dependent_c(self):
@@ -268,10 +297,19 @@ class DSSMixer(_ConvSSM):
 
     def _setup_ssm(self):
         h, n = self.d_model, self.d_state
-        lam, _, _, _ = K.nplr_legs(2 * n)
-        re = np.log(-lam.real) if self.version == "exp" else lam.real
-        self.Lambda_re = self._p("Lambda_re", _const(re), (n,), ("ssm_state",))
-        self.Lambda_im = self._p("Lambda_im", _const(lam.imag), (n,), ("ssm_state",))
+        if self.init_kind == "random":
+            a_re, a_im, _ = _random_diagonal_inits(n)
+            if self.version != "exp":
+                a_re = _negated_exp(a_re)
+            self.Lambda_re = self._p("Lambda_re", a_re, (n,), ("ssm_state",))
+            self.Lambda_im = self._p("Lambda_im", a_im, (n,), ("ssm_state",))
+        elif self.init_kind == "legs":
+            lam, _, _, _ = K.nplr_legs(2 * n)
+            re = np.log(-lam.real) if self.version == "exp" else lam.real
+            self.Lambda_re = self._p("Lambda_re", _const(re), (n,), ("ssm_state",))
+            self.Lambda_im = self._p("Lambda_im", _const(lam.imag), (n,), ("ssm_state",))
+        else:
+            raise ValueError(f"DSS init_kind must be legs | random, got {self.init_kind!r}")
         self.W = self._p("W", _complex_normal(1.0), (self.n_dir, h, n, 2),
                          (None, "ssm_channels", "ssm_state", None))
         self.log_dt = self._p("log_dt", _log_uniform(self.dt_min, self.dt_max), (h,),

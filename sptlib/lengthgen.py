@@ -1,0 +1,109 @@
+"""Length generalisation: test a finished classifier on inputs `factor` times its training length.
+
+`sptlib.compare` calls `evaluate(config, run_workdir, factor)` for every finished run when
+`config.compare.length_factors` (or `--length_factors`) is set; the accuracies land in the run's
+`length_generalization` record ({"2x": acc, "4x": acc}).
+
+How: the best-validation checkpoint of the run's last stage is loaded into the same model built
+for `max_length = factor × L_train`, and the test split is read with that `max_length`, so inputs
+that training truncated at L_train are now seen up to factor × L_train. What allows it:
+  - tasks whose examples have variable length (listops, text, retrieval, speech_commands):
+    image tasks have a fixed length (R × R pixels) and raise `LengthGeneralizationUnsupported`;
+  - models without a length-sized parameter: SSM kernels are computed for any length and
+    sinusoidal/rotary/no positions extend; learned absolute positions do not (raises).
+Only classification (and retrieval) stages are evaluated.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import ml_collections
+from etils import epath
+
+from sptlib import data as data_lib
+from sptlib import models, objectives
+from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import loop, metrics as metrics_lib, sharding, steps
+
+FIXED_LENGTH_TASKS = ("image", "scifar", "pathfinder", "pathx", "pathx256", "fashion_mnist",
+                      "lines")
+
+
+class LengthGeneralizationUnsupported(ValueError):
+    """The task or model cannot be evaluated at another length (the message says why)."""
+
+
+def longer_config(config, factor: float, train_length: int) -> ml_collections.ConfigDict:
+    """A copy of `config` whose data and model read `round(factor × train_length)` tokens."""
+    if factor <= 0:
+        raise ValueError(f"length factor must be positive, got {factor}")
+    task = config.data.task
+    if task in FIXED_LENGTH_TASKS:
+        raise LengthGeneralizationUnsupported(
+            f"task {task!r} has a fixed input length ({train_length}); length generalisation "
+            "needs a variable-length task (listops, text, retrieval, speech_commands)")
+    if config.model.positions == "learned":
+        raise LengthGeneralizationUnsupported(
+            f"config.model.positions='learned' has {train_length} position embeddings; a "
+            f"{factor:g}x longer input has no embedding for its later positions")
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.data.max_length = int(round(factor * train_length))
+    c.model.max_length = 0  # re-derived from the data
+    return c
+
+
+def evaluate(config, workdir, factor: float, *, split: str = "test") -> float:
+    """Accuracy of the run in `workdir` (made from `config`) on `split` at `factor` × its
+    training length.
+
+    Raises:
+      LengthGeneralizationUnsupported: the task or model does not allow another length.
+      NoCheckpointError: the last stage has no checkpoint.
+    """
+    stage_name = config.stage_order[-1]
+    stage = config.stages[stage_name]
+    if stage.objective.kind not in ("classify", "retrieval"):
+        raise LengthGeneralizationUnsupported(
+            f"stage {stage_name!r} trains {stage.objective.kind!r}, not a classifier")
+    train_task = data_lib.get_task(config.data)
+    train_length = int(train_task.info["max_length"])
+    long_cfg = longer_config(config, factor, train_length)
+
+    task = data_lib.get_task(long_cfg.data)
+    objective = objectives.get_objective(stage.objective)
+    model_cfg = loop.resolve_model_config(long_cfg.model, task.info)
+    model = models.build_model(model_cfg, objective.head(task.info, model_cfg))
+    mesh = sharding.create_mesh(long_cfg.mesh)
+    rules = sharding.normalize_rules(long_cfg.logical_axis_rules)
+    batch_size = int(stage.eval_batch_size or stage.batch_size)
+    it = task.make_iterator(split, batch_size=batch_size, seed=0, num_epochs=1,
+                            drop_remainder=False)
+    state0 = it.get_state()
+    example = next(it)
+    it.set_state(state0)
+
+    # A fresh state at the new length, then the trained tensors by name (a shape that depends on
+    # the length would fail here with the parameter's name).
+    import optax  # the eval step never applies it; init_train_state wants an optimiser
+    state, shardings = steps.init_train_state(model, optax.identity(), example,
+                                              jax.random.PRNGKey(0), mesh, rules,
+                                              objective=objective)
+    step_dir = ckpt_lib.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
+    try:
+        params, model_state, _ = ckpt_lib.load_pretrained(step_dir, state.params,
+                                                          state.model_state)
+    except ckpt_lib.IncompatibleCheckpointError as e:
+        raise LengthGeneralizationUnsupported(
+            f"the model has a length-sized parameter: {e}") from e
+    state = state.replace(params=params, model_state=model_state)
+    eval_step = steps.make_eval_step(model, objective, mesh, shardings, rules)
+    acc = None
+    for batch in it:
+        acc = metrics_lib.accumulate(acc, eval_step(state, sharding.shard_batch(batch, mesh,
+                                                                                 rules)))
+    result = metrics_lib.summarize(acc)
+    logging.info("length x%g (%d tokens) on %s: %s", factor, long_cfg.data.max_length, split,
+                 metrics_lib.format_metrics(result))
+    return float(result["accuracy"])

@@ -1,0 +1,72 @@
+"""Length generalisation (`sptlib.lengthgen`) on a real tiny ListOps run with checkpoints on disk."""
+
+import json
+import os
+
+import pytest
+
+from sptlib import experiments_lib, lengthgen, pipeline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tmp_path, mixer):
+    c = experiments_lib.load_module(os.path.join(ROOT, "experiments", "smoke.py")).get_config()
+    c.data.lra_dir = str(tmp_path / "lra")
+    c.data.max_length = 48  # generated examples run to 128 tokens: most are truncated at 48
+    c.model.mixer = mixer
+    c.model.positions = "sinusoidal" if mixer == "attention" else "none"
+    c.model.d_model = 16
+    c.model.s4d.d_state = 8
+    c.stage_order = ("scratch",)
+    s = c.stages.scratch
+    s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 6, 3, 3, 3
+    return c
+
+
+@pytest.fixture(scope="module", params=["s4d", "attention"])
+def finished_run(request, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp(request.param)
+    config = _config(tmp_path, request.param)
+    workdir = tmp_path / "run"
+    pipeline.run(config, str(workdir))
+    return config, workdir
+
+
+def test_factor_one_reproduces_the_runs_own_test_accuracy(finished_run):
+    config, workdir = finished_run
+    results = json.loads((workdir / "scratch" / "results.json").read_text())
+    # The stage's own evaluation of its best checkpoint is the independent truth.
+    assert lengthgen.evaluate(config, workdir, 1.0) == pytest.approx(
+        results["test"]["best"]["accuracy"], abs=1e-6)
+
+
+def test_longer_inputs_are_read_untruncated(finished_run):
+    config, workdir = finished_run
+    from sptlib import data as data_lib
+    long_cfg = lengthgen.longer_config(config, 2.0, 48)
+    assert long_cfg.data.max_length == 96
+    short = data_lib.get_task(config.data)
+    longer = data_lib.get_task(long_cfg.data)
+    short.source("test"), longer.source("test")
+    assert longer.num_truncated["test"] < short.num_truncated["test"]
+    acc = lengthgen.evaluate(config, workdir, 2.0)
+    assert 0.0 <= acc <= 1.0
+
+
+def test_fixed_length_task_and_learned_positions_are_refused(finished_run):
+    config, _ = finished_run
+    img = experiments_lib.load_module(
+        os.path.join(ROOT, "experiments", "reproduce_local.py")).get_config("s4d,scratch")
+    with pytest.raises(lengthgen.LengthGeneralizationUnsupported, match="fixed input length"):
+        lengthgen.longer_config(img, 2.0, 256)
+    learned = _config_with(config, positions="learned")
+    with pytest.raises(lengthgen.LengthGeneralizationUnsupported, match="learned"):
+        lengthgen.longer_config(learned, 2.0, 48)
+
+
+def _config_with(config, **model):
+    import ml_collections
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.model.update(model)
+    return c
