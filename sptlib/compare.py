@@ -61,6 +61,10 @@ _LENGTH = flags.DEFINE_list(
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only", False, "Only rebuild comparison.json/md and plots from finished runs.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
+_SHARD = flags.DEFINE_string(
+    "shard", None, "i/n: run only every n-th run starting at i (0-based), so n processes (e.g. "
+    "one per core, or one per machine sharing the workdir) split the grid. Each writes "
+    "comparison.shard<i>of<n>.json; rerun without --shard (or with --report_only) for the table.")
 
 REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
 
@@ -292,10 +296,32 @@ def make_record(spec: RunSpec, results: dict | None, *, status: str, error: str 
 # Running.
 # ------------------------------------------------------------------------------------------------
 
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'1/3' -> (1, 3); None -> None. Bad values name the flag."""
+    if not text:
+        return None
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard={text!r}: expected i/n, e.g. 0/2") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard={text!r}: need n >= 1 and 0 <= i < n")
+    return i, n
+
+
+def shard_specs(specs: Sequence[RunSpec], shard: tuple[int, int] | None) -> list[RunSpec]:
+    """Every n-th spec from i (round-robin keeps each shard's mix of models and seeds)."""
+    if shard is None:
+        return list(specs)
+    i, n = shard
+    return [s for k, s in enumerate(specs) if k % n == i]
+
+
 def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                    run_fn: Callable[[ml_collections.ConfigDict, str], dict] | None = None,
                    title: str = "Comparison", length_factors: Sequence[float] = (),
                    length_eval_fn: Callable | None = None, report_only: bool = False,
+                   shard: tuple[int, int] | None = None,
                    log: Callable[[str], None] = print) -> tuple[list[dict], dict]:
     """Runs every spec not yet finished, then writes comparison.json / .md and plots.
 
@@ -308,6 +334,8 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
       length_eval_fn: `fn(config, run_workdir, factor) -> accuracy | None` (default
         `sptlib.lengthgen.evaluate` where available).
       report_only: run nothing; report what is finished.
+      shard: (i, n): run only `shard_specs(specs, (i, n))` and write their records to
+        `comparison.shard<i>of<n>.json` (no table: other shards may still be running).
       log: progress printer.
 
     Returns:
@@ -317,6 +345,9 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
         from sptlib import pipeline  # deferred: importing the trainer pulls in JAX
         run_fn = pipeline.run
     os.makedirs(workdir, exist_ok=True)
+    specs = shard_specs(specs, shard)
+    json_name = ("comparison.json" if shard is None
+                 else f"comparison.shard{shard[0]}of{shard[1]}.json")
     records = []
     todo = [s for s in specs if not is_finished(s.workdir, s.config.stage_order)]
     log(f"[compare] {len(specs)} runs, {len(specs) - len(todo)} already finished, "
@@ -344,7 +375,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                 if type(e).__name__ == "PreemptedError":
                     # SIGTERM / preemption: the stage saved a checkpoint; stop the whole
                     # comparison (rerunning the command resumes it) instead of moving on.
-                    _write_json(records, workdir)
+                    _write_json(records, workdir, json_name)
                     log(f"[compare] stopped on request during {spec.name}; rerun to resume")
                     raise
                 logging.exception("Run %s failed", spec.name)
@@ -360,12 +391,14 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
             rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn,
                                                         log)
         records.append(rec)
-        _write_json(records, workdir)  # partial progress is visible while running
+        _write_json(records, workdir, json_name)  # partial progress is visible while running
         if rec["status"] == "finished" and rec.get("test_accuracy") is not None:
             log(f"[compare] {spec.name}: test accuracy {100 * rec['test_accuracy']:.2f}%")
-    _write_json(records, workdir)
+    _write_json(records, workdir, json_name)
+    if shard is not None:
+        return records, {"json": os.path.join(workdir, json_name)}
     paths = report.write_report(records, workdir, title)
-    paths["json"] = os.path.join(workdir, "comparison.json")
+    paths["json"] = os.path.join(workdir, json_name)
     return records, paths
 
 
@@ -395,8 +428,8 @@ def _length_eval(spec, factors, fn, log) -> dict:
     return out
 
 
-def _write_json(records, workdir):
-    path = os.path.join(workdir, "comparison.json")
+def _write_json(records, workdir, name="comparison.json"):
+    path = os.path.join(workdir, name)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(records, f, indent=1, default=_json_default)
@@ -431,8 +464,13 @@ def main(argv):
             print(f"{s.name:40s} stages={tuple(s.config.stage_order)} -> {s.workdir}")
         return
     title = base.compare.get("title") or f"Comparison: {filename}"
+    shard = parse_shard(_SHARD.value)
     records, paths = run_comparison(specs, _WORKDIR.value, title=title, length_factors=factors,
-                                    report_only=_REPORT_ONLY.value)
+                                    report_only=_REPORT_ONLY.value, shard=shard)
+    if shard is not None:
+        print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard has "
+              f"finished, run the same command without --shard for the table and plots.")
+        return
     print(f"\nTable:  {paths['markdown']}\nRecords: {paths['json']}")
     for k, v in paths.items():
         if k not in ("markdown", "json"):

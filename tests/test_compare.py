@@ -177,3 +177,27 @@ def test_rand_init_adds_unstructured_variants_of_diagonal_ssms(tmp_path):
     assert by["s4d-randinit"].model.s4d.init_kind == "random"
     assert by["s4d"].model.s4d.init_kind == "lin"
     assert by["s4d-randinit"].model.mixer == "s4d"
+
+
+def test_shards_split_the_grid_and_the_report_merges_them(experiment, tmp_path):
+    """Two shards run disjoint halves that cover the grid; a later unsharded run trains nothing
+    and reports all 12 runs."""
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(experiment, {}, workdir=wd)
+    trainers = [FakeTrainer(), FakeTrainer()]
+    for i, t in enumerate(trainers):
+        records, paths = compare.run_comparison(specs, wd, run_fn=t, shard=(i, 2),
+                                                log=lambda s: None)
+        assert len(records) == 6 and set(paths) == {"json"}
+        assert os.path.basename(paths["json"]) == f"comparison.shard{i}of2.json"
+    dirs = [{c[3] for c in t.calls} for t in trainers]
+    assert len(dirs[0]) == len(dirs[1]) == 6 and not dirs[0] & dirs[1]
+    assert dirs[0] | dirs[1] == {s.workdir for s in specs}
+    assert not os.path.exists(os.path.join(wd, "comparison.md"))
+    final = FakeTrainer()
+    records, paths = compare.run_comparison(specs, wd, run_fn=final, log=lambda s: None)
+    assert final.calls == [] and len(records) == 12
+    assert "| m1 | 52.0 ± 5.0 (3) | 82.0 ± 5.0 (3) |" in open(paths["markdown"]).read()
+    for bad in ("2/2", "1", "a/b", "0/0"):
+        with pytest.raises(ValueError, match="--shard"):
+            compare.parse_shard(bad)
