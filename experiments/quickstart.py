@@ -8,10 +8,9 @@ Generated Pathfinder (is there a path between the two markers?) at 16 x 16 pixel
 from a generator seed never used for a training image (`sptlib.data.pathfinder.generate`,
 `held_out_from`). Transformer (2 layers, d=64, 4 heads) and S4D (2 layers, d=64) × scratch vs
 masked SPT (50% of the pixels, 256-way pixel reconstruction) → finetune with the same budget as
-scratch, 2 seeds: 12 training stages. Measured on the shared 2-core development machine: 61 min
-of run time under heavy load (other jobs, load 6-13); a seed-0-only rerun at load ~5 took 15 min,
-so about 30 min plus data generation for both seeds — the issue's ≤ 30 min target is met only on
-a quieter machine (see docs/reproducing.md). The table lands in `runs/quickstart/comparison.md`, plots beside it.
+scratch, 2 seeds: 12 training stages. Measured on an idle 2-core machine: 23.3 min for the
+README's command from a clean clone (install 1.2 min, data ~1 min, the 8 runs 20.9 min); see
+docs/reproducing.md. The table lands in `runs/quickstart/comparison.md`, plots beside it.
 
 This is a demonstration of the protocol, not of the paper's effect size: the budget is minutes.
 `experiments/reproduce_local.py` is the run sized to show the effect.
