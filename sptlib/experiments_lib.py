@@ -360,7 +360,7 @@ def tiny(config, *, steps: int = 2, d_model: int = 16, n_layers: int = 1,
             s.optim.warmup_steps = 0
         d = config.data
         d.max_length = max_length
-        if d.task in ("pathfinder", "pathx", "pathx256"):
+        if d.task in ("pathfinder", "pathx", "pathx256", "lines"):
             d.resolution = 8 if max_length <= 64 else 16
             d.max_length = 0
     return config
@@ -392,12 +392,14 @@ def local_pathfinder(model: str, regime: str, *, resolution: int, contour_length
 
 
 def local_lines(model: str, regime: str, *, resolution: int, num_train: int, num_eval: int,
-                data_seed: int = 0, **kwargs) -> ml_collections.ConfigDict:
+                data_seed: int = 0, noise: float = 0.25, input_type: str = "continuous",
+                style: str = "segments", **kwargs) -> ml_collections.ConfigDict:
     """A CPU-sized comparison on generated Lines images (`sptlib.data.lines`; the local
-    reproduction). Validation and test images come from a stream no training image uses."""
-    data = dict(task="lines", input_type="continuous", resolution=resolution)
+    reproduction). Validation and test images come from a stream no training image uses.
+    input_type: continuous (linear encoder + mask channel) | tokens (256 pixel tokens)."""
+    data = dict(task="lines", input_type=input_type, resolution=resolution)
     generate = dict(enabled=True, seed=data_seed, num_train=num_train, num_val=num_eval,
-                    num_test=num_eval)
+                    num_test=num_eval, noise=noise, style=style)
     return local_comparison(model, regime, data=data, generate=generate, **kwargs)
 
 
@@ -415,7 +417,7 @@ def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_l
     from sptlib.train import config as train_config
 
     task = dataclasses.replace(TASKS["pathfinder"], data=dict(data), mask_rate=mask_rate,
-                               target=target)
+                               target=target if data["input_type"] == "continuous" else "")
     recipe = Recipe(n_layers, d_model, batch_size, lr, 0.01, 1, warmup_steps=min(100, steps // 10),
                     schedule="cosine", n_heads=n_heads, ffn_mult=ffn_mult, norm="layer")
     c = train_config.base_config()

@@ -58,6 +58,10 @@ def data_config():
     c.generate.max_length = 2000
     # Pathfinder contour length of generated sets: 6 (curv_baseline) | 9 | 14; 0 = from difficulty.
     c.generate.contour_length = 0
+    # Lines: background noise amplitude (pixels uniform in [0, noise]; 0 = black background).
+    c.generate.noise = 0.25
+    # Lines: segments (one segment among dots) | gratings (striped images, noise as above).
+    c.generate.style = "segments"
     # Grain multiprocessing workers (0 = read in threads of the main process).
     c.num_workers = 0
     # Reader threads per worker (or in the main process) and batches prefetched ahead.

@@ -64,17 +64,48 @@ def draw_sample(rng, resolution, label, *, min_len=4, max_len=7, min_dots=4, max
     return np.round(img * 255).astype(np.uint8)
 
 
-def generate(num, *, resolution=16, seed=0, held_out=False, **kwargs):
+def draw_grating(rng, resolution, label, *, min_period=3.0, max_period=6.0, noise=0.25):
+    """One striped image: uint8 `[resolution, resolution]` whose stripes run in direction
+    `label` (same classes as `draw_sample`).
+
+    intensity = 0.5 + (c / 2) sin(2 pi d / period + phase) + N(0, (noise / 2)^2), clipped to
+    [0, 1], with d the distance across the stripes, period uniform in [min_period, max_period)
+    pixels, phase uniform, contrast c uniform in [0.5, 1). Every pixel is predictable from its
+    neighbours along the stripes, so masked denoising has a dense signal; the histogram of
+    intensities is the same for every direction, so only pixel relations carry the label.
+    """
+    if not 0 <= label < NUM_CLASSES:
+        raise ValueError(f"label must be in [0, {NUM_CLASSES}), got {label}")
+    y, x = np.mgrid[0:resolution, 0:resolution].astype(np.float64)
+    dr, dc = _STEPS[label]
+    # Distance across the stripes: the coordinate along the normal of the stripe direction.
+    d = (x * dr - y * dc) / np.hypot(dr, dc)
+    period = rng.uniform(min_period, max_period)
+    phase = rng.uniform(0, 2 * np.pi)
+    contrast = rng.uniform(0.5, 1.0)
+    img = 0.5 + 0.5 * contrast * np.sin(2 * np.pi * d / period + phase)
+    img = np.clip(img + rng.normal(0.0, noise / 2, img.shape), 0.0, 1.0)
+    return np.round(img * 255).astype(np.uint8)
+
+
+STYLES = {"segments": draw_sample, "gratings": draw_grating}
+
+
+def generate(num, *, resolution=16, seed=0, held_out=False, style="segments", **kwargs):
     """`num` images and labels: (uint8 `[num, resolution, resolution]`, int32 `[num]`).
 
     Labels cycle through the classes (balanced to within one). `held_out=True` draws from a
     stream no training set uses (seeded [seed, HELD_OUT_TAG, i]), for validation and test.
+    style: segments (`draw_sample`) | gratings (`draw_grating`).
     """
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {sorted(STYLES)}, got {style!r}")
+    draw = STYLES[style]
     images = np.empty((num, resolution, resolution), np.uint8)
     labels = np.arange(num, dtype=np.int32) % NUM_CLASSES
     for i in range(num):
         key = [seed, HELD_OUT_TAG, i] if held_out else [seed, i]
-        images[i] = draw_sample(np.random.default_rng(key), resolution, int(labels[i]), **kwargs)
+        images[i] = draw(np.random.default_rng(key), resolution, int(labels[i]), **kwargs)
     return images, labels
 
 

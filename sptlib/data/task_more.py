@@ -104,7 +104,8 @@ def _lines(cfg):
             logging.info("Lines: generating %d/%d/%d images at %d px (seed %d)", gen.num_train,
                          gen.num_val, gen.num_test, res, gen.seed)
             state["splits"] = lines.split(int(gen.num_train), int(gen.num_val),
-                                          int(gen.num_test), resolution=res, seed=int(gen.seed))
+                                          int(gen.num_test), resolution=res, seed=int(gen.seed),
+                                          noise=float(gen.noise), style=str(gen.style))
         images, labels = state["splits"][split]
         return sources.ArraySource(images.reshape(len(images), -1, 1), labels, cfg.input_type)
 
