@@ -265,7 +265,7 @@ def make_record(spec: RunSpec, results: dict | None, *, status: str, error: str 
     total_wall = 0.0
     for name in order:
         st = _stage_results(summary, spec.workdir, name)
-        wall = _get(st, "wall_time_s")
+        wall = _get(st, "wall_time_total_s", "wall_time_s")  # all invocations of a resumed stage
         rec["stages"][name] = {
             "steps": _get(st, "final_step", "steps"),
             "wall_time_s": wall,

@@ -125,6 +125,9 @@ def test_cli_end_to_end(tmp_path):
     assert resumed["params_fingerprint"] == reference["params_fingerprint"]
     assert resumed["test"] == reference["test"]
     assert resumed["history"] == reference["history"]  # the curve survives the kill
+    # The stage's total wall time includes the killed invocation (recorded at its last log or
+    # checkpoint, step >= 10), not only the resumed one.
+    assert resumed["wall_time_total_s"] > resumed["wall_time_s"] + 0.05
 
     # 4. Resume onto another mesh: 10 more steps on 2 (fake CPU) devices, data-parallel.
     p, _ = _run(cmd + ["--config.stages.pretrain.num_steps=40", "--config.mesh.data=2"],

@@ -113,9 +113,10 @@ def train_stage(config, stage_name: str, workdir) -> dict:
 
     Results: `stage`, `status` (finished), `final_step`, `best_step`, `best_metric`,
     `validation` / `test` (each `{"best": metrics, "last": metrics}`), `wall_time_s` (this
-    invocation), `train_steps_per_s`, `params_fingerprint` (SHA-256 of the last parameters),
-    `num_params`, `init` (how the state was obtained: resume | init_from | random), `history`
-    (validation metrics at every evaluation, `[{"step": s, metric: value}]`).
+    invocation), `wall_time_total_s` (every invocation of the stage, resumed ones included),
+    `train_steps_per_s`, `params_fingerprint` (SHA-256 of the last parameters), `num_params`,
+    `init` (how the state was obtained: resume | init_from | random), `history` (validation
+    metrics at every evaluation, `[{"step": s, metric: value}]`).
 
     Raises:
       NonFiniteLossError: NaN/inf training loss (the last good checkpoint is kept).
@@ -255,6 +256,17 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         raise NonFiniteLossError(msg)
 
     last_checked = step
+    # Wall time of earlier invocations of this stage (killed or preempted ones included, up to
+    # their last log or checkpoint), so results report the stage's total as well as this run's.
+    spent_path = stage_dir / "wall_time.json"
+    spent_before = 0.0
+    if start_step > 0 and spent_path.exists():
+        spent_before = float(json.loads(spent_path.read_text()).get("spent_s", 0.0))
+
+    def record_spent():
+        if is_main:
+            _write_json(spent_path, {"spent_s": spent_before + time.time() - t_start})
+
     # Validation curve, kept across resumes (entries after the resumed step are dropped: they
     # will be recomputed identically).
     history_path = stage_dir / HISTORY_FILE
@@ -312,6 +324,8 @@ def train_stage(config, stage_name: str, workdir) -> dict:
                 if best_metric not in val:
                     raise KeyError(f"stages.{stage_name}.best_metric={best_metric!r} is not a "
                                    f"validation metric; have {sorted(val)}")
+            if log_now or save_now:
+                record_spent()
             if save_now:
                 ckpt_metrics = None
                 if val is not None:
@@ -365,6 +379,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
             "resumed_at_step": start_step,
             "train_steps_per_s": train_rate if math.isfinite(train_rate) else None,
             "wall_time_s": time.time() - t_start,
+            "wall_time_total_s": spent_before + time.time() - t_start,
         }
         _write_json(stage_dir / RESULTS_FILE, results)
         logging.info("[%s] finished at step %d in %s: best step %d (%s %s=%.4g), test %s "
