@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 import ml_collections
 from ml_collections import config_flags
 
@@ -179,12 +180,11 @@ def _get(d, *keys, default=None):
 
 
 def load_results(workdir: str) -> dict | None:
-    path = os.path.join(workdir, "results.json")
-    if not os.path.exists(path):
+    path = epath.Path(workdir) / "results.json"  # epath: gs:// workdirs too
+    if not path.exists():
         return None
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # half-written: treat as not finished
 
@@ -228,8 +228,8 @@ def _curve(stage: dict, stage_dir: str) -> dict | None:
 def curve_from_events(logdir: str, tag: str) -> dict | None:
     """Reads scalar `tag` from the TensorBoard event files in `logdir` ({step: [...], accuracy:
     [...]}, last value per step), or None."""
-    if not os.path.isdir(logdir) or not any(f.startswith("events.")
-                                            for f in os.listdir(logdir)):
+    d = epath.Path(logdir)
+    if not d.is_dir() or not any(f.name.startswith("events.") for f in d.iterdir()):
         return None
     try:
         from tensorboard.backend.event_processing import event_accumulator
@@ -344,7 +344,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     if run_fn is None:
         from sptlib import pipeline  # deferred: importing the trainer pulls in JAX
         run_fn = pipeline.run
-    os.makedirs(workdir, exist_ok=True)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     specs = shard_specs(specs, shard)
     json_name = ("comparison.json" if shard is None
                  else f"comparison.shard{shard[0]}of{shard[1]}.json")
@@ -361,7 +361,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
         else:
             done += 1
             log(f"[compare] ({done}/{len(todo)}) {spec.name} -> {spec.workdir}")
-            os.makedirs(spec.workdir, exist_ok=True)
+            epath.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
             t0 = time.time()
             try:
                 results = run_fn(spec.config, spec.workdir)
@@ -383,8 +383,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                 rec = make_record(spec, load_results(spec.workdir), status="failed",
                                   error=f"{type(e).__name__}: {e}",
                                   wall_time_s=time.time() - t0)
-                with open(os.path.join(spec.workdir, "error.txt"), "w") as f:
-                    f.write(traceback.format_exc())
+                (epath.Path(spec.workdir) / "error.txt").write_text(traceback.format_exc())
                 log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
         if (length_factors and rec["status"] == "finished" and not report_only
                 and not rec.get("length_generalization")):
@@ -403,10 +402,9 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
 
 
 def _length_eval(spec, factors, fn, log) -> dict:
-    cache = os.path.join(spec.workdir, "length_generalization.json")
-    if os.path.exists(cache):
-        with open(cache) as f:
-            return json.load(f)
+    cache = epath.Path(spec.workdir) / "length_generalization.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
     if fn is None:
         try:
             from sptlib import lengthgen
@@ -423,17 +421,19 @@ def _length_eval(spec, factors, fn, log) -> dict:
             acc = None
         if acc is not None:
             out[f"{factor:g}x"] = float(acc)
-    with open(cache, "w") as f:
-        json.dump(out, f)
+    cache.write_text(json.dumps(out))
     return out
 
 
 def _write_json(records, workdir, name="comparison.json"):
-    path = os.path.join(workdir, name)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1, default=_json_default)
-    os.replace(tmp, path)
+    path = epath.Path(workdir) / name
+    text = json.dumps(records, indent=1, default=_json_default)
+    if "://" in str(path):  # object stores: one write is as atomic as it gets
+        path.write_text(text)
+        return
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # readers never see a half-written file
 
 
 def _json_default(o):
@@ -476,8 +476,7 @@ def main(argv):
         if k not in ("markdown", "json"):
             print(f"Plot:   {v}")
     print()
-    with open(paths["markdown"]) as f:
-        print(f.read())
+    print(epath.Path(paths["markdown"]).read_text())
     if any(r["status"] != "finished" for r in records):
         sys.exit(1)
 

@@ -15,6 +15,7 @@ import math
 import os
 from typing import Iterable, Sequence
 
+from etils import epath
 import numpy as np
 
 from sptlib import stats
@@ -215,8 +216,7 @@ def plot_bars(records, path: str, confidence: float = 0.95, data_fraction: float
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
@@ -259,17 +259,25 @@ def plot_curves(records, path: str, data_fraction: float = 1.0) -> str | None:
     axes[1].legend(fontsize=7)
     fig.suptitle("Learning curves (mean over seeds; band = min–max)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return path
+
+
+def _save(fig, path):
+    """PNG of `fig` at `path` through epath (local or gs://)."""
+    import io
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    epath.Path(path).write_bytes(buf.getvalue())
 
 
 def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     """Writes `comparison.md`, `accuracy.png` and `curves.png` (+ one pair per extra data
     fraction) under `workdir`; returns {name: path}."""
     out = {"markdown": os.path.join(workdir, "comparison.md")}
-    with open(out["markdown"], "w") as f:
-        f.write(markdown(records, title))
+    epath.Path(out["markdown"]).write_text(markdown(records, title))  # gs:// workdirs too
     fractions = sorted({r.get("data_fraction", 1.0) for r in records}, reverse=True)
     for frac in fractions:
         suffix = "" if frac == 1.0 else f"_frac{frac:g}"

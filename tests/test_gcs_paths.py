@@ -24,8 +24,9 @@ class _FirstWrite(Exception):
     """Raised by the fake file system at the first file opened for writing on gs://."""
 
 
-def _fake_gcs(root: pathlib.Path, writes: list):
-    """mock_epath functions: gs:// paths go to `root`, the first write on gs:// stops the run."""
+def _fake_gcs(root: pathlib.Path, writes: list, stop_at_first_write: bool = True):
+    """mock_epath functions: gs:// paths go to `root`; the first write on gs:// stops the run
+    (unless `stop_at_first_write=False`: then writes are recorded and land under `root`)."""
 
     def local(path):
         p = str(path)
@@ -37,7 +38,8 @@ def _fake_gcs(root: pathlib.Path, writes: list):
     def open_(fn, path, mode="r", *args, **kwargs):
         if str(path).startswith("gs://") and any(c in mode for c in "wax+"):
             writes.append(str(path))
-            raise _FirstWrite(str(path))
+            if stop_at_first_write:
+                raise _FirstWrite(str(path))
         return fn(local(path), mode, *args, **kwargs)
 
     def two_paths(fn, path, dst, *args, **kwargs):
@@ -98,3 +100,47 @@ def test_launch_workdir_checks():
     assert common.check_workdir("/shared/run", multi_host=False) == "/shared/run"
     with pytest.raises(ValueError, match="not a valid"):
         common.check_workdir("gs://Bad_Bucket!/x", multi_host=True)
+
+
+def test_compare_writes_its_records_report_and_plots_through_epath(tmp_path, monkeypatch):
+    """`sptlib.compare` on a gs:// workdir: runs, resume checks, comparison.json/.md and the PNGs
+    all go through epath (a fake trainer writes the stage results the same way)."""
+    import json
+    from sptlib import compare
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    root = "gs://spt-test-bucket/cmp"
+    calls = []
+
+    def fake_run(config, workdir):
+        calls.append(workdir)
+        acc = (0.9 if config.model.mixer == "s4d" else 0.6) + 0.01 * config.seed
+        for stage in config.stage_order:
+            res = {"stage": stage, "status": "finished",
+                   "final_step": config.stages[stage].num_steps, "best_step": 1,
+                   "validation": {"best": {"accuracy": acc}}, "test": {"best": {"accuracy": acc}},
+                   "wall_time_s": 1.0, "history": [{"step": 1, "accuracy": acc}]}
+            d = epath.Path(workdir) / stage
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "results.json").write_text(json.dumps(res))
+        return {}
+
+    path = str(pathlib.Path(__file__).parent.parent / "experiments" / "quickstart.py")
+    writes = []
+    with _fake_gcs(tmp_path / "gcs", writes, stop_at_first_write=False):
+        _, specs = compare.expand(path, {}, workdir=root, seeds=[0, 1])
+        records, paths = compare.run_comparison(specs, root, run_fn=fake_run,
+                                                log=lambda s: None)
+        assert len(calls) == 8 and all(r["status"] == "finished" for r in records)
+        again = []
+        compare.run_comparison(specs, root, run_fn=lambda c, w: again.append(w),
+                               log=lambda s: None)
+        assert again == []  # finished runs are recognised on gs:// too
+    local = tmp_path / "gcs/spt-test-bucket/cmp"
+    assert json.loads((local / "comparison.json").read_text())[0]["status"] == "finished"
+    assert "| s4d |" in (local / "comparison.md").read_text()
+    assert (local / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {root + "/comparison.md", root + "/accuracy.png"} <= set(writes)
+    assert list(cwd.iterdir()) == []  # nothing treated the URL as a local path
