@@ -198,9 +198,9 @@ TASKS: dict[str, TaskSpec] = {
 def randinit_overrides(model: str) -> dict | None:
     """Model overrides of the random-SSM-init variant (`<model>-randinit`: the unstructured
     control of the paper's structured-vs-random ablation, `kernels.init.random_diagonal`), or
-    None when the zoo has no random initialiser for that model (S4D and DSS have one)."""
+    None when the zoo has no random initialiser for that model (S4D, DSS and S5 have one)."""
     base = model.removesuffix("-randinit")
-    if base not in ("s4d", "dss"):
+    if base not in ("s4d", "dss", "s5"):
         return None
     return {f"{base}.init_kind": "random"}
 

@@ -25,6 +25,7 @@ CASES = {
     "dss_softmax": (DSSMixer, dict(d_state=8, version="softmax")),
     "dlr": (DLRMixer, dict(d_state=16)),
     "s5": (S5Mixer, dict(d_state=8)),
+    "s5_random": (S5Mixer, dict(d_state=8, init_kind="random")),
     "gss": (GSSBlock, dict(d_state=16, expansion=2, d_ssm=4)),  # LayerNorm over H=1 is constant
 }
 
@@ -181,3 +182,8 @@ def test_random_init_is_unstructured_and_stable():
     assert np.all(np.asarray(dss["Lambda_re"]) < 0)  # softmax version stores Re lambda itself
     with pytest.raises(ValueError, match="legs | random"):
         DSSMixer(d_model=H, d_state=8, init_kind="lin").init(jax.random.PRNGKey(0), x)
+    s5 = nn.unbox(S5Mixer(d_model=H, d_state=8, init_kind="random").init(
+        jax.random.PRNGKey(0), x)["params"])
+    legs = nn.unbox(S5Mixer(d_model=H, d_state=8).init(jax.random.PRNGKey(0), x)["params"])
+    assert np.all(np.exp(np.asarray(s5["A_re"])) >= 0.1)  # -Re Lambda in [0.1, 1)
+    assert not np.allclose(s5["A_im"], legs["A_im"])

@@ -421,16 +421,32 @@ class S5Mixer(_SSMBlock):
     """S5 (Smith, Warrington & Linderman 2023): one MIMO diagonal SSM with state P = d_state
     (P/2 conjugate pairs) over all channels, run by a parallel scan; per-state dt.
 
-    Init: Lambda = eigenvalues of the normal part of HiPPO-LegS, B = V^* B0, C = C0 V with
-    B0, C0 random (V its eigenvectors). Bidirectional: a second scan from the end with its own C.
+    Init (init_kind legs): Lambda = eigenvalues of the normal part of HiPPO-LegS, B = V^* B0,
+    C = C0 V with B0, C0 random (V its eigenvectors); init_kind random: the unstructured control
+    (`kernels.init.random_diagonal` for Lambda, complex normal B and C). Bidirectional: a second scan from the end with its own C.
     Parameters: A_re (log of -Re Lambda), A_im, B, log_dt [ssm]; C, D, out_proj [default].
     """
     discretization: str = "zoh"
+    init_kind: str = "legs"  # legs | random (the unstructured control)
 
     def _setup_ssm(self):
         h, p = self.d_model, self.d_state
-        lam, _, _, v = K.nplr_legs(p)
         n2 = p // 2
+        if self.init_kind == "random":
+            # Unstructured control: random diagonal Lambda, B and C without an eigenbasis.
+            a_re, a_im, _ = _random_diagonal_inits(n2)
+            self.A_re = self._p("A_re", a_re, (n2,), ("ssm_state",))
+            self.A_im = self._p("A_im", a_im, (n2,), ("ssm_state",))
+            self.B = self._p("B", _complex_normal(1.0 / np.sqrt(h)), (n2, h, 2),
+                             ("ssm_state", "ssm_channels", None))
+            self.C = self._p("C", _complex_normal(1.0 / np.sqrt(n2)), (self.n_dir, h, n2, 2),
+                             (None, "ssm_channels", "ssm_state", None))
+            self.log_dt = self._p("log_dt", _log_uniform(self.dt_min, self.dt_max), (n2,),
+                                  ("ssm_state",))
+            return
+        if self.init_kind != "legs":
+            raise ValueError(f"S5 init_kind must be legs | random, got {self.init_kind!r}")
+        lam, _, _, v = K.nplr_legs(p)
         self.A_re = self._p("A_re", _const(np.log(-lam.real)), (n2,), ("ssm_state",))
         self.A_im = self._p("A_im", _const(lam.imag), (n2,), ("ssm_state",))
         vh = v.conj().T  # [P/2, P]

@@ -53,6 +53,6 @@ def model_config():
     c.s4d = ml_collections.ConfigDict(dict(d_state=64, init_kind="lin", discretization="zoh"))
     c.dss = ml_collections.ConfigDict(dict(d_state=64, version="exp", init_kind="legs"))
     c.dlr = ml_collections.ConfigDict(dict(d_state=1024))
-    c.s5 = ml_collections.ConfigDict(dict(d_state=64))
+    c.s5 = ml_collections.ConfigDict(dict(d_state=64, init_kind="legs"))
     c.gss = ml_collections.ConfigDict(dict(d_state=512, expansion=4, d_ssm=0))
     return c
