@@ -10,6 +10,7 @@ Task defaults (LRA / the SPT paper):
   pathx / pathx256 128 x 128 = 16384 / 256 x 256 = 65536   <lra_dir>/pathfinder{128,256}/
   speech_commands  raw 16 kHz audio, 16000, 12 classes     TFDS speech_commands
   fashion_mnist    784 (or 196 at resolution 14), 10       /usr/share/datasets/fashion-mnist/
+  lines            R x R (default 16 x 16), 4 classes      generated in memory (sptlib/data/lines.py)
 """
 
 import logging
