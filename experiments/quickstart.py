@@ -19,6 +19,7 @@ This is a demonstration of the protocol, not of the paper's effect size: the bud
 """
 
 from sptlib import experiments_lib as lib
+from sptlib import experiments_local as local
 
 POSITIONAL = ("model", "regime")
 
@@ -35,7 +36,7 @@ def get_config(arg=""):
     steps = int(a.get("steps", STEPS))
     pretrain_steps = int(a.get("pretrain_steps", PRETRAIN_STEPS))
     resolution = int(a.get("resolution", 16))
-    return lib.local_pathfinder(
+    return local.local_pathfinder(
         model, regime, resolution=resolution, contour_length=9, num_train=8000,
         num_eval=1000, n_layers=2, d_model=64, steps=steps, pretrain_steps=pretrain_steps,
         batch_size=BATCH, lr=2e-3, eval_every=100,

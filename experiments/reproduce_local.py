@@ -2,7 +2,8 @@ r"""Local reproduction of the paper's effect on generated Lines gratings (27 run
 
     python -m sptlib.compare --config=experiments/reproduce_local.py --workdir=runs/reproduce
 
-    # the same in two processes, one per core (~1.4x the throughput here), then the table:
+    # the same in two processes, one per core (two 1-core shards ran ~1.4x the steps/s of one
+    # 2-core process in our pilots), then the table:
     python -m sptlib.compare --config=experiments/reproduce_local.py --workdir=runs/reproduce --shard=0/2 &
     python -m sptlib.compare --config=experiments/reproduce_local.py --workdir=runs/reproduce --shard=1/2
     wait; python -m sptlib.compare --config=experiments/reproduce_local.py --workdir=runs/reproduce
@@ -33,6 +34,7 @@ are in docs/reproducing.md.
 """
 
 from sptlib import experiments_lib as lib
+from sptlib import experiments_local as local
 
 POSITIONAL = ("model", "regime")
 STEPS = 300
@@ -44,7 +46,7 @@ VAL = 1000
 def get_config(arg=""):
     a = lib.parse_arg(arg, POSITIONAL)
     resolution = int(a.get("resolution", 8))
-    return lib.local_lines(
+    return local.local_lines(
         a.get("model", "s4d"), a.get("regime", "spt-masked"), resolution=resolution,
         num_train=TRAIN, num_eval=VAL, n_layers=2, d_model=64,
         steps=int(a.get("steps", STEPS)),

@@ -197,7 +197,7 @@ TASKS: dict[str, TaskSpec] = {
 
 def randinit_overrides(model: str) -> dict | None:
     """Model overrides of the random-SSM-init variant (`<model>-randinit`: the unstructured
-    control of the paper's structured-vs-random ablation, `kernels.init.random_diagonal`), or
+    control of the paper's structured-vs-random ablation, `layers.ssm.random_diagonal_inits`), or
     None when the zoo has no random initialiser for that model (S4D, DSS and S5 have one)."""
     base = model.removesuffix("-randinit")
     if base not in ("s4d", "dss", "s5"):
@@ -364,82 +364,6 @@ def tiny(config, *, steps: int = 2, d_model: int = 16, n_layers: int = 1,
             d.resolution = 8 if max_length <= 64 else 16
             d.max_length = 0
     return config
-
-
-def local_pathfinder(model: str, regime: str, *, resolution: int, contour_length: int,
-                     num_train: int, num_eval: int, data_seed: int = 0,
-                     **kwargs) -> ml_collections.ConfigDict:
-    """A CPU-sized Pathfinder comparison on generated images (the quickstart).
-
-    The generator seed `data_seed` fixes the images for every training seed; the validation and
-    test images are drawn from a generator seed never used for a training image
-    (`data.pathfinder.generate`, `held_out_from`). `kwargs`: see `local_comparison`.
-    """
-    total = int(round((num_train + 2 * num_eval)))
-    if num_train != int(round(0.8 * total)):
-        # The reader splits the generated set 80/10/10; other sizes would be silently changed.
-        raise ValueError(f"num_train={num_train}, num_eval={num_eval}: Pathfinder sets are "
-                         "split 80/10/10, so num_train must be 8 x num_eval")
-    data = dict(task="pathfinder", input_type="continuous", resolution=resolution,
-                difficulty=DIFFICULTY_NAMES.get(contour_length, "curv_contour_length_14"),
-                # Validation/test images come from a generator seed never used for training
-                # images; '_heldout' keeps older sets, drawn before that split, from being reused.
-                lra_dir=os.path.join("data", f"pathfinder_gen_seed{data_seed}_n{total}"
-                                     f"_c{contour_length}_heldout"))
-    generate = dict(enabled=True, contour_length=contour_length, seed=data_seed,
-                    num_train=num_train, num_val=num_eval, num_test=num_eval)
-    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
-
-
-def local_lines(model: str, regime: str, *, resolution: int, num_train: int, num_eval: int,
-                data_seed: int = 0, noise: float = 0.25, input_type: str = "continuous",
-                style: str = "segments", **kwargs) -> ml_collections.ConfigDict:
-    """A CPU-sized comparison on generated Lines images (`sptlib.data.lines`; the local
-    reproduction). Validation and test images come from a stream no training image uses.
-    input_type: continuous (linear encoder + mask channel) | tokens (256 pixel tokens)."""
-    data = dict(task="lines", input_type=input_type, resolution=resolution)
-    generate = dict(enabled=True, seed=data_seed, num_train=num_train, num_val=num_eval,
-                    num_test=num_eval, noise=noise, style=style)
-    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
-
-
-def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_layers: int,
-                     d_model: int, steps: int, pretrain_steps: int, batch_size: int, lr: float,
-                     eval_every: int, compare: dict, n_heads: int = 4, ffn_mult: int = 2,
-                     d_state: int = 64, mask_rate: float = 0.5,
-                     target: str = "pixel256") -> ml_collections.ConfigDict:
-    """A CPU-sized comparison config on a generated continuous-input task (locked).
-
-    Every model gets the same width, depth, optimiser (AdamW, cosine, weight decay 0.01) and
-    budget; SSM parameters take lr 1e-3 and no weight decay as in the paper. Masked SPT masks
-    `mask_rate` of the pixels and reconstructs them (`target`: pixel256 | l1).
-    """
-    from sptlib.train import config as train_config
-
-    task = dataclasses.replace(TASKS["pathfinder"], data=dict(data), mask_rate=mask_rate,
-                               target=target if data["input_type"] == "continuous" else "")
-    recipe = Recipe(n_layers, d_model, batch_size, lr, 0.01, 1, warmup_steps=min(100, steps // 10),
-                    schedule="cosine", n_heads=n_heads, ffn_mult=ffn_mult, norm="layer")
-    c = train_config.base_config()
-    with c.unlocked():
-        c.data.update(data)
-        c.data.generate.update(generate)
-        set_model(c.model, model, task, recipe)
-        for sub in ("s4", "s4d", "dss", "s5"):
-            c.model[sub].d_state = d_state
-        for name in ("pretrain", "finetune", "scratch"):
-            s = c.stages[name]
-            s.batch_size = batch_size
-            set_optim(s, recipe, ssm=not model.startswith("transformer"))
-            s.eval_every = s.checkpoint_every = eval_every
-            s.log_every = max(1, eval_every // 2)
-        apply_regime(c, regime, task=task, pretrain_steps=pretrain_steps, finetune_steps=steps)
-        add_compare(c, **compare)
-    c.lock()
-    return c
-
-
-DIFFICULTY_NAMES = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import logging
 
 import jax
 import ml_collections
+import optax
 from etils import epath
 
 from sptlib import data as data_lib
@@ -35,19 +36,25 @@ class LengthGeneralizationUnsupported(ValueError):
     """The task or model cannot be evaluated at another length (the message says why)."""
 
 
-def longer_config(config, factor: float, train_length: int) -> ml_collections.ConfigDict:
-    """A copy of `config` whose data and model read `round(factor × train_length)` tokens."""
+def check_supported(config, factor: float) -> None:
+    """Raises `LengthGeneralizationUnsupported` (or ValueError for a bad factor) when `config`'s
+    task or model cannot be evaluated at `factor` × its training length."""
     if factor <= 0:
         raise ValueError(f"length factor must be positive, got {factor}")
     task = config.data.task
     if task in FIXED_LENGTH_TASKS:
         raise LengthGeneralizationUnsupported(
-            f"task {task!r} has a fixed input length ({train_length}); length generalisation "
-            "needs a variable-length task (listops, text, retrieval, speech_commands)")
+            f"task {task!r} has a fixed input length; length generalisation needs a "
+            "variable-length task (listops, text, retrieval, speech_commands)")
     if config.model.positions == "learned":
         raise LengthGeneralizationUnsupported(
-            f"config.model.positions='learned' has {train_length} position embeddings; a "
-            f"{factor:g}x longer input has no embedding for its later positions")
+            f"config.model.positions='learned' has one embedding per training position; a "
+            f"{factor:g}x longer input has none for its later positions")
+
+
+def longer_config(config, factor: float, train_length: int) -> ml_collections.ConfigDict:
+    """A copy of `config` whose data and model read `round(factor × train_length)` tokens."""
+    check_supported(config, factor)
     c = ml_collections.ConfigDict(config.to_dict())
     c.data.max_length = int(round(factor * train_length))
     c.model.max_length = 0  # re-derived from the data
@@ -67,6 +74,7 @@ def evaluate(config, workdir, factor: float, *, split: str = "test") -> float:
     if stage.objective.kind not in ("classify", "retrieval"):
         raise LengthGeneralizationUnsupported(
             f"stage {stage_name!r} trains {stage.objective.kind!r}, not a classifier")
+    check_supported(config, factor)  # before reading any data
     train_task = data_lib.get_task(config.data)
     train_length = int(train_task.info["max_length"])
     long_cfg = longer_config(config, factor, train_length)
@@ -86,7 +94,7 @@ def evaluate(config, workdir, factor: float, *, split: str = "test") -> float:
 
     # A fresh state at the new length, then the trained tensors by name (a shape that depends on
     # the length would fail here with the parameter's name).
-    import optax  # the eval step never applies it; init_train_state wants an optimiser
+    # optax.identity: the eval step never applies it; init_train_state wants an optimiser.
     state, shardings = steps.init_train_state(model, optax.identity(), example,
                                               jax.random.PRNGKey(0), mesh, rules,
                                               objective=objective)

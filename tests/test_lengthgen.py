@@ -60,6 +60,9 @@ def test_fixed_length_task_and_learned_positions_are_refused(finished_run):
         os.path.join(ROOT, "experiments", "reproduce_local.py")).get_config("s4d,scratch")
     with pytest.raises(lengthgen.LengthGeneralizationUnsupported, match="fixed input length"):
         lengthgen.longer_config(img, 2.0, 256)
+    # evaluate refuses before reading data or checkpoints (this workdir does not exist).
+    with pytest.raises(lengthgen.LengthGeneralizationUnsupported, match="fixed input length"):
+        lengthgen.evaluate(img, "/nonexistent/run", 2.0)
     learned = _config_with(config, positions="learned")
     with pytest.raises(lengthgen.LengthGeneralizationUnsupported, match="learned"):
         lengthgen.longer_config(learned, 2.0, 48)

@@ -39,14 +39,14 @@ def nplr_legs(n):
     return lam, v.conj().T @ p, v.conj().T @ b, v
 
 
-def s4d_init(n, kind="lin", rng=None):
+def s4d_init(n, kind="lin"):
     """Diagonal A `[n/2]` complex and B `[n/2]` complex for S4D (Gu et al. 2022, 'On the
     parameterization and initialization of diagonal state space models').
 
     lin: A_n = -1/2 + i pi n, B = 1; inv: A_n = -1/2 + i (n/pi)(n/(2k+1) - 1), B = 1;
-    legs: the diagonal of the normal part of HiPPO-LegS, B projected onto its eigenbasis;
-    random: the unstructured control of the paper's structured-vs-random ablation (see
-    `random_diagonal`), drawn from the NumPy Generator `rng` (default seed 0).
+    legs: the diagonal of the normal part of HiPPO-LegS, B projected onto its eigenbasis.
+    (The unstructured `random` control is drawn per channel from the parameter key:
+    `sptlib.layers.ssm.random_diagonal_inits`.)
     """
     h = n // 2
     k = np.arange(h)
@@ -57,23 +57,7 @@ def s4d_init(n, kind="lin", rng=None):
     if kind == "legs":
         lam, _, b, _ = nplr_legs(n)
         return lam, b
-    if kind == "random":
-        return random_diagonal(np.random.default_rng(0) if rng is None else rng, h)
-    raise ValueError(f"unknown S4D init {kind!r} (lin | inv | legs | random)")
-
-
-def random_diagonal(rng, shape, max_freq=None):
-    """Unstructured diagonal state matrix and input vector: (A, B), complex, of `shape`.
-
-    -Re A uniform in [0.1, 1) (stable, the same decay range as the structured inits at dt=1e-3
-    .. 1e-1), Im A uniform in [0, max_freq) with max_freq = pi * (number of modes) — the span
-    S4D-Lin covers, but unsorted and unevenly spaced — and B complex normal with E|B|^2 = 1.
-    """
-    shape = (shape,) if np.isscalar(shape) else tuple(shape)
-    max_freq = np.pi * shape[-1] if max_freq is None else max_freq
-    a = -rng.uniform(0.1, 1.0, shape) + 1j * rng.uniform(0.0, max_freq, shape)
-    b = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) / np.sqrt(2.0)
-    return a, b
+    raise ValueError(f"unknown S4D init {kind!r} (lin | inv | legs)")
 
 
 def log_uniform(rng, shape, low, high):

@@ -21,7 +21,6 @@ parameters that take the SSM learning rate and no weight decay (A / Lambda, dt, 
 theta) are labelled by `ssm_param_labels`.
 """
 
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -80,9 +79,13 @@ def _log_uniform(low, high):
     return init
 
 
-def _random_diagonal_inits(modes):
-    """Initialisers (log(-Re A), Im A, B as (re, im) pairs) drawing `kernels.init.random_diagonal`
-    from the parameter's key; the last axis of each shape is the `modes` axis."""
+def random_diagonal_inits(modes):
+    """The unstructured control of the structured-vs-random ablation (`init_kind='random'`):
+    initialisers of log(-Re A), Im A and B ((re, im) pairs), drawn from the parameter's key.
+
+    -Re A uniform in [0.1, 1) (stable), Im A uniform in [0, pi * modes) — the span S4D-Lin
+    covers, but unsorted and unevenly spaced — and B complex normal with E|B|^2 = 1.
+    """
     def a_re(key, shape, dtype=jnp.float32):
         return jnp.log(jax.random.uniform(key, shape, dtype, 0.1, 1.0))
 
@@ -237,7 +240,7 @@ class S4DMixer(_ConvSSM):
 
     K_k = 2 Re sum_n C_n B_n (exp(dt A_n) - 1)/A_n exp(k dt A_n) (ZOH; bilinear optional).
     Fields: d_state (N), init_kind (lin | inv | legs | random; `init` is taken by Linen; random
-    is the unstructured control, see `kernels.init.random_diagonal`), discretization (zoh |
+    is the unstructured control, see `random_diagonal_inits`), discretization (zoh |
     bilinear).
     Parameters: A_re (log of -Re A), A_im, B, log_dt [ssm]; C, D, out_proj [default].
     """
@@ -249,7 +252,7 @@ class S4DMixer(_ConvSSM):
         ax = ("ssm_channels", "ssm_state")
         if self.init_kind == "random":
             # Unstructured control: every channel draws its own A and B from the init key.
-            a_re, a_im, b = _random_diagonal_inits(n2)
+            a_re, a_im, b = random_diagonal_inits(n2)
             self.A_re = self._p("A_re", a_re, (h, n2), ax)
             self.A_im = self._p("A_im", a_im, (h, n2), ax)
             self.B = self._p("B", b, (h, n2, 2), ax + (None,))
@@ -298,7 +301,7 @@ class DSSMixer(_ConvSSM):
     def _setup_ssm(self):
         h, n = self.d_model, self.d_state
         if self.init_kind == "random":
-            a_re, a_im, _ = _random_diagonal_inits(n)
+            a_re, a_im, _ = random_diagonal_inits(n)
             if self.version != "exp":
                 a_re = _negated_exp(a_re)
             self.Lambda_re = self._p("Lambda_re", a_re, (n,), ("ssm_state",))
@@ -423,7 +426,8 @@ class S5Mixer(_SSMBlock):
 
     Init (init_kind legs): Lambda = eigenvalues of the normal part of HiPPO-LegS, B = V^* B0,
     C = C0 V with B0, C0 random (V its eigenvectors); init_kind random: the unstructured control
-    (`kernels.init.random_diagonal` for Lambda, complex normal B and C). Bidirectional: a second scan from the end with its own C.
+    (`random_diagonal_inits` for Lambda, complex normal B and C). Bidirectional: a second scan
+    from the end with its own C.
     Parameters: A_re (log of -Re Lambda), A_im, B, log_dt [ssm]; C, D, out_proj [default].
     """
     discretization: str = "zoh"
@@ -434,7 +438,7 @@ class S5Mixer(_SSMBlock):
         n2 = p // 2
         if self.init_kind == "random":
             # Unstructured control: random diagonal Lambda, B and C without an eigenbasis.
-            a_re, a_im, _ = _random_diagonal_inits(n2)
+            a_re, a_im, _ = random_diagonal_inits(n2)
             self.A_re = self._p("A_re", a_re, (n2,), ("ssm_state",))
             self.A_im = self._p("A_im", a_im, (n2,), ("ssm_state",))
             self.B = self._p("B", _complex_normal(1.0 / np.sqrt(h)), (n2, h, 2),

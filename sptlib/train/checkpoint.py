@@ -157,7 +157,7 @@ def _is_step_dir(path: epath.Path) -> bool:
 def absolute(path) -> epath.Path:
     """`path` as an absolute epath (orbax refuses relative local paths: "Checkpoint path should
     be absolute"); remote paths (gs://...) are returned unchanged."""
-    text = os.fspath(path) if not isinstance(path, epath.Path) else str(path)
+    text = str(path)
     if "://" in text:
         return epath.Path(text)
     return epath.Path(os.path.abspath(text))
