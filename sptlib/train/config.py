@@ -125,6 +125,10 @@ def base_config():
     c.mesh = sharding.mesh_config()
     # Logical axis name -> mesh axis (or list of mesh axes, or None = replicated).
     c.logical_axis_rules = [tuple(r) for r in sharding.default_rules()]
+    # The hardware this config is sized for, checked without it by `python -m sptlib.aot`.
+    c.aot = ml_collections.ConfigDict()
+    # Target TPU slice, e.g. "v4-8", "v5e-16", "v5p-128"; "" = not sized for a pod.
+    c.aot.slice = ""
     # Stages run in this order, each in workdir/<stage>/.
     c.stage_order = ("pretrain", "finetune")
     c.stages = ml_collections.ConfigDict()
