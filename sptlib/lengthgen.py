@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import logging
 
-import jax
 import ml_collections
-import optax
 from etils import epath
 
 from sptlib import data as data_lib
-from sptlib import models, objectives
 from sptlib.train import checkpoint as ckpt_lib
-from sptlib.train import loop, metrics as metrics_lib, sharding, steps
+from sptlib.train import metrics as metrics_lib, setup, sharding
 
 FIXED_LENGTH_TASKS = ("image", "scifar", "pathfinder", "pathx", "pathx256", "fashion_mnist",
                       "lines")
@@ -80,24 +77,15 @@ def evaluate(config, workdir, factor: float, *, split: str = "test") -> float:
     long_cfg = longer_config(config, factor, train_length)
 
     task = data_lib.get_task(long_cfg.data)
-    objective = objectives.get_objective(stage.objective)
-    model_cfg = loop.resolve_model_config(long_cfg.model, task.info)
-    model = models.build_model(model_cfg, objective.head(task.info, model_cfg))
-    mesh = sharding.create_mesh(long_cfg.mesh)
-    rules = sharding.normalize_rules(long_cfg.logical_axis_rules)
     batch_size = int(stage.eval_batch_size or stage.batch_size)
     it = task.make_iterator(split, batch_size=batch_size, seed=0, num_epochs=1,
                             drop_remainder=False)
-    state0 = it.get_state()
-    example = next(it)
-    it.set_state(state0)
 
     # A fresh state at the new length, then the trained tensors by name (a shape that depends on
     # the length would fail here with the parameter's name).
-    # optax.identity: the eval step never applies it; init_train_state wants an optimiser.
-    state, shardings = steps.init_train_state(model, optax.identity(), example,
-                                              jax.random.PRNGKey(0), mesh, rules,
-                                              objective=objective)
+    built = setup.build_stage(long_cfg, stage_name, example_batch=setup.peek(it),
+                              info=task.info, train=False)
+    state, mesh, rules = built.state, built.mesh, built.rules
     step_dir = ckpt_lib.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
     try:
         params, model_state, _ = ckpt_lib.load_pretrained(step_dir, state.params,
@@ -106,11 +94,10 @@ def evaluate(config, workdir, factor: float, *, split: str = "test") -> float:
         raise LengthGeneralizationUnsupported(
             f"the model has a length-sized parameter: {e}") from e
     state = state.replace(params=params, model_state=model_state)
-    eval_step = steps.make_eval_step(model, objective, mesh, shardings, rules)
     acc = None
     for batch in it:
-        acc = metrics_lib.accumulate(acc, eval_step(state, sharding.shard_batch(batch, mesh,
-                                                                                 rules)))
+        acc = metrics_lib.accumulate(
+            acc, built.eval_step(state, sharding.shard_batch(batch, mesh, rules)))
     result = metrics_lib.summarize(acc)
     logging.info("length x%g (%d tokens) on %s: %s", factor, long_cfg.data.max_length, split,
                  metrics_lib.format_metrics(result))

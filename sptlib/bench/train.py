@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 
 from sptlib.bench import common
+from sptlib.train import setup, sharding
 
 # Targets from the performance issue.
 MFU_TARGET = 0.40          # Transformer train step at d_model >= 256
@@ -94,41 +95,8 @@ def load_config(spec):
     return mod.get_config(arg) if arg else mod.get_config()
 
 
-def task_info(data_cfg):
-    """`task.info` of `sptlib.data.get_task(data_cfg)` without touching data on disk.
-
-    Mirrors the task builders in `sptlib.data` (vocabulary sizes from `sptlib.data.tokenizers`),
-    so the benchmark runs on machines without the LRA release.
-    """
-    from sptlib.data import tokenizers as tok
-    t = data_cfg.task
-    tokens = data_cfg.input_type == "tokens"
-    pixel_vocab = tok.PIXEL_VOCAB_SIZE if tokens else 0
-    ml = int(data_cfg.max_length)
-    res = int(data_cfg.resolution)
-    info = dict(name=t, input_type=data_cfg.input_type, d_input=1, pair=False)
-    if t == "listops":
-        info.update(vocab_size=tok.LISTOPS_VOCAB_SIZE, num_classes=10, max_length=ml or 2000)
-    elif t == "text":
-        info.update(vocab_size=tok.BYTE_VOCAB_SIZE, num_classes=2, max_length=ml or 4096)
-    elif t == "retrieval":
-        info.update(vocab_size=tok.BYTE_VOCAB_SIZE, num_classes=2, max_length=ml or 4000,
-                    pair=True)
-    elif t in ("pathfinder", "pathx", "pathx256"):
-        r = res or {"pathfinder": 32, "pathx": 128, "pathx256": 256}[t]
-        info.update(vocab_size=pixel_vocab, num_classes=2, max_length=r * r)
-    elif t in ("image", "scifar"):
-        ch = 3 if t == "scifar" else 1
-        info.update(vocab_size=pixel_vocab, num_classes=10,
-                    max_length=1024 * ch if tokens else 1024, d_input=1 if tokens else ch)
-    elif t == "fashion_mnist":
-        r = res or 28
-        info.update(vocab_size=pixel_vocab, num_classes=10, max_length=r * r)
-    elif t == "speech_commands":
-        info.update(vocab_size=pixel_vocab, num_classes=12, max_length=ml or 16000)
-    else:
-        raise ValueError(f"no synthetic task info for task {t!r}")
-    return info
+# Kept under their benchmark names: the task info and batch layout live in sptlib.train.setup.
+task_info = setup.offline_task_info
 
 
 def synthetic_batch(info, batch_size, length, seed=0):
@@ -202,10 +170,6 @@ def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=
     Batch: the stage's batch size, reduced so a step holds at most `max_tokens` tokens (at least
     one example). Length: the task's, or `max_length` when smaller (then stated in the record).
     """
-    from sptlib import models, objectives
-    from sptlib.train import optim, sharding, steps
-    from sptlib.train.loop import resolve_model_config
-
     config = load_config(spec)
     stage_name = stage_name or config.stage_order[0]
     stage = config.stages[stage_name]
@@ -215,21 +179,13 @@ def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=
     info["max_length"] = length
     per_example = length * (2 if info.get("pair") else 1)
     batch_size = int(max(1, min(stage.batch_size, max_tokens // per_example)))
-
-    objective = objectives.get_objective(stage.objective)
-    model_cfg = resolve_model_config(config.model, info)
-    head = objective.head(info, model_cfg)
-    model = models.build_model(model_cfg, head)
-    mesh = sharding.create_mesh(config.mesh)
-    rules = sharding.normalize_rules(config.logical_axis_rules)
     batch = synthetic_batch(info, batch_size, length)
 
-    abstract_vars, _ = steps.state_logical_specs(model, objective, batch)
-    optimizer = optim.make_optimizer(stage.optim, abstract_vars["params"], max(1, stage.num_steps))
-    state, shardings = steps.init_train_state(model, optimizer, batch, jax.random.PRNGKey(0),
-                                              mesh, rules, objective=objective)
-    n_params = int(sum(x.size for x in jax.tree.leaves(state.params)))
-    train_step = steps.make_train_step(model, objective, optimizer, mesh, shardings, rules)
+    built = setup.build_stage(config, stage_name, example_batch=batch, info=info)
+    state, train_step, mesh, rules = built.state, built.train_step, built.mesh, built.rules
+    model_cfg, objective = built.model_cfg, built.objective
+    head = objective.head(info, model_cfg)
+    n_params = built.num_params
     gbatch = sharding.shard_batch(batch, mesh, rules)
 
     t0 = time.perf_counter()

@@ -5,5 +5,6 @@ are `encoder`, `backbone` and `head` (finetuning loads all but `head`).
 """
 
 from sptlib.models.build import SequenceModel, build_model, layer_specs
+from sptlib.models.config import resolve_model_config
 
-__all__ = ["SequenceModel", "build_model", "layer_specs"]
+__all__ = ["SequenceModel", "build_model", "layer_specs", "resolve_model_config"]

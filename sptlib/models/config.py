@@ -56,3 +56,18 @@ def model_config():
     c.s5 = ml_collections.ConfigDict(dict(d_state=64, init_kind="legs"))
     c.gss = ml_collections.ConfigDict(dict(d_state=512, expansion=4, d_ssm=0))
     return c
+
+
+def resolve_model_config(model_cfg, task_info):
+    """A copy of `config.model` with the data-dependent fields (0 = from the data) filled in.
+
+    `task_info` is the task's `info` dict (vocab_size, max_length, input_type, d_input).
+    """
+    m = ml_collections.ConfigDict(model_cfg.to_dict())
+    if not m.vocab_size:
+        m.vocab_size = int(task_info.get("vocab_size", 0))
+    if not m.max_length:
+        m.max_length = int(task_info["max_length"])
+    if task_info.get("input_type") == "continuous":
+        m.d_input = int(task_info.get("d_input", m.d_input))
+    return m

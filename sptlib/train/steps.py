@@ -63,9 +63,17 @@ def _match_param_shardings(tree, param_shardings, params_abstract, default):
     return jax.tree_util.tree_map_with_path(one, tree)
 
 
+def _first_example(v):
+    """`v[:1]` as a jnp array; zeros of that shape for an abstract `ShapeDtypeStruct`."""
+    if isinstance(v, jax.ShapeDtypeStruct):
+        return jnp.zeros((1,) + tuple(v.shape[1:]), v.dtype)
+    return jnp.asarray(np.asarray(v)[:1])
+
+
 def _init_variables(model, objective, example_batch, rng):
-    """`model.init` on a one-example slice of the batch (shapes only matter)."""
-    example = {k: jnp.asarray(np.asarray(v)[:1]) for k, v in example_batch.items()}
+    """`model.init` on a one-example slice of the batch (shapes only matter; the batch may be
+    `ShapeDtypeStruct`s)."""
+    example = {k: _first_example(v) for k, v in example_batch.items()}
     if objective is not None:
         kwargs = objective.init_inputs(example)
     else:
@@ -87,24 +95,8 @@ def state_logical_specs(model, objective, example_batch):
     return nn.unbox(abstract), specs
 
 
-def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objective=None):
-    """Creates the train state, every array already placed in its shards.
-
-    Args:
-      model: the Linen model (`sptlib.models.build_model`).
-      optimizer: `optax.GradientTransformation` (`sptlib.train.optim.make_optimizer`).
-      example_batch: a batch (dict of arrays; only shapes/dtypes are used).
-      rng: PRNG key; split into the parameter init key and `state.rng` (dropout / masking).
-      mesh: the mesh (`sharding.create_mesh`).
-      rules: logical axis rules.
-      objective: the stage's `Objective`; needed for continuous inputs with a mask-indicator
-        channel (the objective, not the model, appends the channel). Without it the model is
-        initialised on the raw inputs.
-
-    Returns:
-      `(state, state_shardings)`: a `TrainState` and a `TrainState` of `NamedSharding`s.
-    """
-    rules = sharding_lib.normalize_rules(rules)
+def _state_shardings_and_init(model, optimizer, example_batch, mesh, rules, objective):
+    """The `TrainState` of `NamedSharding`s and the `rng -> TrainState` init function."""
     abstract, specs = state_logical_specs(model, objective, example_batch)
     var_shardings = sharding_lib.logical_to_sharding(specs, abstract, mesh, rules)
     abstract_params = abstract["params"]
@@ -124,6 +116,29 @@ def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objectiv
                           opt_state=optimizer.init(params), model_state=dict(variables),
                           rng=state_r)
 
+    return state_shardings, make_state
+
+
+def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objective=None):
+    """Creates the train state, every array already placed in its shards.
+
+    Args:
+      model: the Linen model (`sptlib.models.build_model`).
+      optimizer: `optax.GradientTransformation` (`sptlib.train.optim.make_optimizer`).
+      example_batch: a batch (dict of arrays; only shapes/dtypes are used).
+      rng: PRNG key; split into the parameter init key and `state.rng` (dropout / masking).
+      mesh: the mesh (`sharding.create_mesh`).
+      rules: logical axis rules.
+      objective: the stage's `Objective`; needed for continuous inputs with a mask-indicator
+        channel (the objective, not the model, appends the channel). Without it the model is
+        initialised on the raw inputs.
+
+    Returns:
+      `(state, state_shardings)`: a `TrainState` and a `TrainState` of `NamedSharding`s.
+    """
+    rules = sharding_lib.normalize_rules(rules)
+    state_shardings, make_state = _state_shardings_and_init(model, optimizer, example_batch,
+                                                            mesh, rules, objective)
     # The init program runs once; on CPU, XLA's backend optimisations of its many RNG calls
     # cost seconds (4.7 s -> 1.0 s for a 1-layer model), so skip them there.
     options = ({"xla_backend_optimization_level": 0}
@@ -131,6 +146,24 @@ def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objectiv
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state = jax.jit(make_state, out_shardings=state_shardings,
                         compiler_options=options)(rng)
+    return state, state_shardings
+
+
+def abstract_train_state(model, optimizer, example_batch, mesh, rules, objective=None):
+    """Like `init_train_state`, but allocates nothing: the state is `ShapeDtypeStruct`s that
+    carry their shardings (for ahead-of-time compilation on devices this host may not have,
+    e.g. a TPU topology). `example_batch` may be `ShapeDtypeStruct`s too.
+
+    Returns:
+      `(abstract_state, state_shardings)`.
+    """
+    rules = sharding_lib.normalize_rules(rules)
+    state_shardings, make_state = _state_shardings_and_init(model, optimizer, example_batch,
+                                                            mesh, rules, objective)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        shapes = jax.eval_shape(make_state, jax.random.PRNGKey(0))
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         shapes, state_shardings)
     return state, state_shardings
 
 
@@ -184,6 +217,7 @@ def make_train_step(model, objective, optimizer, mesh, state_shardings, rules, *
             return jitted(state, batch)
 
     train_step.jitted = jitted
+    train_step.lower = _lower_in_context(jitted, mesh, rules)
     return train_step
 
 
@@ -211,7 +245,19 @@ def make_eval_step(model, objective, mesh, state_shardings, rules, *, compiler_o
             return jitted(state, batch)
 
     eval_step.jitted = jitted
+    eval_step.lower = _lower_in_context(jitted, mesh, rules)
     return eval_step
+
+
+def _lower_in_context(jitted, mesh, rules):
+    """`jitted.lower(...)` under the step's mesh and logical rules (arguments may be abstract
+    `ShapeDtypeStruct`s with shardings: `.lower(state, batch).compile()` compiles ahead of time)."""
+
+    def lower(*args):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            return jitted.lower(*args)
+
+    return lower
 
 
 def _host_array(x):

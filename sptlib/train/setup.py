@@ -1,0 +1,199 @@
+"""One stage's set-up, shared by training, length generalisation, the benchmark and AOT compiles.
+
+`build_stage(config, stage_name, ...)` turns `config` + a stage name into everything a stage runs:
+task info, objective, model, mesh, logical rules, optimizer, train state with its shardings, and
+the jit-compiled train / eval steps (`sptlib.train.steps`: state donation, batch sharding over
+the `batch` rule's mesh axes). `sptlib.train.loop.train_stage`, `sptlib.lengthgen`,
+`sptlib.bench.train` and `sptlib.aot` all call it, so what is compiled ahead of time for a TPU
+slice is what trains.
+
+With `abstract=True` nothing is allocated: the state and the example batch are
+`jax.ShapeDtypeStruct`s carrying their shardings, on any `devices` (e.g. the devices of a TPU
+topology from `jax.experimental.topologies`), ready for `stage.train_step.lower(state,
+batch).compile()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+import optax
+
+from sptlib import data as data_lib
+from sptlib import models, objectives
+from sptlib.data import tokenizers
+from sptlib.train import optim, sharding, steps
+
+
+@dataclasses.dataclass
+class Stage:
+    """A built stage (see `build_stage`).
+
+    `state` is a `TrainState` of arrays, or of `ShapeDtypeStruct`s with shardings when abstract;
+    `example_batch` is the batch the shapes came from (global `ShapeDtypeStruct`s when abstract).
+    `train_step` is None for an evaluation-only stage (`train=False`).
+    """
+
+    name: str
+    config: Any                   # the experiment config
+    cfg: Any                      # config.stages[name]
+    seed: int                     # config.seed + stage.seed_offset
+    info: dict                    # the task's info (vocab_size, num_classes, max_length, ...)
+    objective: objectives.Objective
+    model_cfg: Any                # config.model with the data-dependent fields filled in
+    model: Any
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    optimizer: optax.GradientTransformation
+    state: Any
+    state_shardings: Any
+    example_batch: dict
+    train_step: Optional[Callable]
+    eval_step: Callable
+
+    @property
+    def num_params(self) -> int:
+        return int(sum(np.prod(x.shape) for x in jax.tree.leaves(self.state.params)))
+
+
+def stage_seed(config, stage_name: str) -> int:
+    return int(config.seed) + int(config.stages[stage_name].seed_offset)
+
+
+def local_batch_sizes(config, stage_name: str) -> tuple[int, int]:
+    """This process's (train, eval) batch sizes: the stage's global sizes / process count."""
+    stage = config.stages[stage_name]
+    pc = jax.process_count()
+    for field in ("batch_size", "eval_batch_size"):
+        if stage[field] % pc:
+            raise ValueError(f"stages.{stage_name}.{field}={stage[field]} is not divisible by "
+                             f"the process count {pc}")
+    return stage.batch_size // pc, (stage.eval_batch_size or stage.batch_size) // pc
+
+
+def peek(iterator):
+    """The iterator's next batch (for shapes), with the iterator rewound: the data order must
+    not depend on the peek."""
+    state0 = iterator.get_state()
+    batch = next(iterator)
+    iterator.set_state(state0)
+    return batch
+
+
+def build_stage(config, stage_name: str, *, example_batch=None, info=None, devices=None,
+                abstract: bool = False, train: bool = True) -> Stage:
+    """Builds stage `stage_name` of `config` (the code path `train_stage` runs).
+
+    Args:
+      config: the experiment config (`sptlib.train.config`).
+      stage_name: a key of `config.stages`.
+      example_batch: a batch (dict of arrays, this process's share) whose shapes the state is
+        initialised from; default: `batch_shapes(info, stage.batch_size)` (abstract, global).
+      info: the task's `info`; default: `sptlib.data.get_task(config.data).info` (reads the
+        data's metadata; `offline_task_info` avoids the disk).
+      devices: the mesh's devices (default `jax.devices()`); may be TPU topology devices.
+      abstract: allocate nothing: `state` is `ShapeDtypeStruct`s with shardings.
+      train: False builds an evaluation-only stage (`optax.identity`, no train step).
+
+    Returns:
+      A `Stage`.
+    """
+    stage = config.stages[stage_name]
+    seed = stage_seed(config, stage_name)
+    if info is None:
+        info = data_lib.get_task(config.data).info
+    objective = objectives.get_objective(stage.objective)
+    model_cfg = models.resolve_model_config(config.model, info)
+    model = models.build_model(model_cfg, objective.head(info, model_cfg))
+    mesh = sharding.create_mesh(config.mesh, devices)
+    rules = sharding.normalize_rules(config.logical_axis_rules)
+    if example_batch is None:
+        example_batch = batch_shapes(info, int(stage.batch_size),
+                                     sharding=sharding.batch_sharding(mesh, rules))
+
+    if train:
+        abstract_vars, _ = steps.state_logical_specs(model, objective, example_batch)
+        optimizer = optim.make_optimizer(stage.optim, abstract_vars["params"],
+                                         max(1, int(stage.num_steps)))
+    else:
+        optimizer = optax.identity()  # the eval step never applies it
+    if abstract:
+        state, shardings = steps.abstract_train_state(model, optimizer, example_batch, mesh,
+                                                      rules, objective=objective)
+    else:
+        state, shardings = steps.init_train_state(model, optimizer, example_batch,
+                                                  jax.random.PRNGKey(seed), mesh, rules,
+                                                  objective=objective)
+    train_step = (steps.make_train_step(model, objective, optimizer, mesh, shardings, rules)
+                  if train else None)
+    eval_step = steps.make_eval_step(model, objective, mesh, shardings, rules)
+    return Stage(name=stage_name, config=config, cfg=stage, seed=seed, info=info,
+                 objective=objective, model_cfg=model_cfg, model=model, mesh=mesh, rules=rules, optimizer=optimizer,
+                 state=state, state_shardings=shardings, example_batch=example_batch,
+                 train_step=train_step, eval_step=eval_step)
+
+
+def batch_shapes(info, batch_size: int, length: int = 0, sharding=None) -> dict:
+    """`ShapeDtypeStruct`s of a batch of the task (docs/architecture.md, "Batches").
+
+    inputs int32 `[batch, length]` (tokens) or float32 `[batch, length, d_input]` plus raw int32
+    (continuous); mask bool `[batch, length]`; label int32 `[batch]`; example_mask bool
+    `[batch]`; paired tasks add inputs2 / mask2. `length` defaults to `info["max_length"]`.
+    """
+    n, length = int(batch_size), int(length or info["max_length"])
+
+    def spec(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    if info["input_type"] == "tokens":
+        inputs = {"inputs": spec((n, length), np.int32)}
+    else:
+        d = int(info["d_input"])
+        inputs = {"inputs": spec((n, length, d), np.float32),
+                  "raw": spec((n, length, d), np.int32)}
+    out = dict(inputs, mask=spec((n, length), np.bool_), label=spec((n,), np.int32),
+               example_mask=spec((n,), np.bool_))
+    if info.get("pair"):
+        out["inputs2"] = inputs["inputs"]
+        out["mask2"] = out["mask"]
+    return out
+
+
+def offline_task_info(data_cfg) -> dict:
+    """`get_task(data_cfg).info` without touching data on disk.
+
+    Mirrors the task builders in `sptlib.data` (vocabulary sizes from `sptlib.data.tokenizers`),
+    so benchmarks and AOT compiles run on machines without the datasets.
+    """
+    t = data_cfg.task
+    tokens = data_cfg.input_type == "tokens"
+    pixel_vocab = tokenizers.PIXEL_VOCAB_SIZE if tokens else 0
+    ml = int(data_cfg.max_length)
+    res = int(data_cfg.resolution)
+    info = dict(name=t, input_type=data_cfg.input_type, d_input=1, pair=False)
+    if t == "listops":
+        info.update(vocab_size=tokenizers.LISTOPS_VOCAB_SIZE, num_classes=10,
+                    max_length=ml or 2000)
+    elif t == "text":
+        info.update(vocab_size=tokenizers.BYTE_VOCAB_SIZE, num_classes=2, max_length=ml or 4096)
+    elif t == "retrieval":
+        info.update(vocab_size=tokenizers.BYTE_VOCAB_SIZE, num_classes=2, max_length=ml or 4000,
+                    pair=True)
+    elif t in ("pathfinder", "pathx", "pathx256"):
+        r = res or {"pathfinder": 32, "pathx": 128, "pathx256": 256}[t]
+        info.update(vocab_size=pixel_vocab, num_classes=2, max_length=r * r)
+    elif t in ("image", "scifar"):
+        ch = 3 if t == "scifar" else 1
+        info.update(vocab_size=pixel_vocab, num_classes=10,
+                    max_length=1024 * ch if tokens else 1024, d_input=1 if tokens else ch)
+    elif t == "fashion_mnist":
+        r = res or 28
+        info.update(vocab_size=pixel_vocab, num_classes=10, max_length=r * r)
+    elif t == "speech_commands":
+        info.update(vocab_size=pixel_vocab, num_classes=12, max_length=ml or 16000)
+    else:
+        raise ValueError(f"no offline task info for task {t!r}")
+    return info
