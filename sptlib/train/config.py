@@ -23,7 +23,7 @@ from sptlib.train import sharding
 _STAGE_SCALARS = (
     "num_steps", "batch_size", "eval_batch_size", "eval_every", "eval_steps", "checkpoint_every",
     "keep", "best_metric", "best_mode", "init_from", "init_checkpoint", "dont_load", "log_every",
-    "async_checkpoints", "seed_offset",
+    "async_checkpoints", "seed_offset", "start_over_if_unreadable",
 )
 
 
@@ -88,6 +88,9 @@ def stage_config(**overrides):
     c.async_checkpoints = True
     # Added to config.seed for this stage's init, dropout and data order.
     c.seed_offset = 0
+    # When every checkpoint of this stage is unreadable (moved to checkpoints/corrupt/): False =
+    # stop with an error; True = train the stage again from its start (an explicit choice).
+    c.start_over_if_unreadable = False
     # Optional profiler trace of a window of steps.
     c.profile = profile_config()
     for key, value in overrides.items():

@@ -29,6 +29,7 @@ import ml_collections
 from sptlib import data as data_lib
 from sptlib import models
 from sptlib import objectives
+from sptlib.errors import NonFiniteLossError, PreemptedError  # noqa: F401 (re-exported)
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import metrics as metrics_lib
 from sptlib.train import optim
@@ -39,13 +40,6 @@ RESULTS_FILE = "results.json"
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 
-
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN/inf loss; the stage stopped, its last good checkpoint is kept."""
-
-
-class PreemptedError(RuntimeError):
-    """The run was asked to stop (SIGTERM / preemption); a checkpoint of the last step was saved."""
 
 
 def _write_json(path: epath.Path, obj):
@@ -68,7 +62,7 @@ def read_results(stage_dir) -> Optional[dict]:
     path = epath.Path(stage_dir) / RESULTS_FILE
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    return ckpt_lib.read_json(path)  # a truncated file is a ResultsError naming it
 
 
 def resolve_model_config(model_cfg, task_info):
@@ -182,7 +176,9 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     # ------------------------------------------------------------------ restore priority
     ckpt = ckpt_lib.StageCheckpointer(stage_dir / ckpt_lib.CHECKPOINTS_DIR, keep=stage.keep,
                                       async_saves=stage.async_checkpoints)
-    restored = ckpt.restore_latest(ckpt_lib.abstract_like(state, state_shardings))
+    restored = ckpt.restore_latest(ckpt_lib.abstract_like(state, state_shardings),
+                                   stage=stage_name,
+                                   start_over=stage.get("start_over_if_unreadable", False))
     if restored is not None:
         state, iterator_state, restored_step = restored
         train_iter.set_state(iterator_state)
@@ -210,6 +206,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     else:
         init_info = {"kind": "random", "seed": seed}
         logging.info("[%s] random init (seed %d), %d parameters.", stage_name, seed, num_params)
+    init_info["quarantined"] = ckpt.quarantined  # unreadable checkpoints moved aside, if any
 
     train_step = steps.make_train_step(model, objective, optimizer, mesh, state_shardings, rules)
     eval_step = steps.make_eval_step(model, objective, mesh, state_shardings, rules)
@@ -246,9 +243,11 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     def stop_nonfinite(values):
         ckpt.wait_until_finished()
         good = ckpt.latest_step()
+        kept = (f"the last good checkpoint is step {good} in {ckpt.directory}" if good is not None
+                else "no checkpoint was saved before it")
         msg = (f"[{stage_name}] non-finite training loss between steps {last_checked + 1} and "
-               f"{step} ({metrics_lib.format_metrics(values)}). Stopping the stage; the last "
-               f"good checkpoint is step {good} in {ckpt.directory}. Lower the learning rate, "
+               f"{step} ({metrics_lib.format_metrics(values)}). Stopping the stage; {kept}. "
+               f"Lower the learning rate, "
                f"raise warmup or set optim.grad_clip.")
         _write_json(stage_dir / RESULTS_FILE, {"stage": stage_name, "status": "diverged",
                                                "final_step": step, "last_good_step": good,
