@@ -21,6 +21,7 @@ exception is a bug and keeps its traceback.
 """
 
 import os
+import re
 import sys
 import traceback
 
@@ -90,6 +91,43 @@ def wants_traceback(argv=None) -> bool:
             or any(a in ("--verbose", "--verbose=true", "--verbose=True") for a in argv))
 
 
+def _unknown_key_message(e: BaseException, argv) -> str:
+    """One line for ml_collections' error on an unknown `--config.a.b=v` key."""
+    text = str(e.args[0] if e.args else e)
+    found = re.search(r"'([\w-]+)", text)
+    key = found.group(1) if found else "?"
+    hint = re.search(r"Did you mean [^?]*\?", text)
+    flag = next((a.split("=")[0] for a in argv if a.startswith("--config.") and
+                 key in a.split("=")[0].split(".")), None)
+    where = (f"{flag}: no such config key {flag[len('--config.'):]!r}" if flag
+             else f"no config key {key!r}")
+    return (f"{where}{' (' + hint.group(0) + ')' if hint else ''}; docs/training.md lists every "
+            f"field")
+
+
+def parse_absl_flags(argv, prog: str):
+    """absl's flag parsing for `app.run(..., flags_parser=...)`, with one-line errors: a bad
+    flag value, an unknown `--config.` key (with the key path) or an unloadable config file."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    try:
+        rest = flags.FLAGS(argv)
+        for name in ("config",):  # ml_collections defers a config file's load error to its use
+            if name in flags.FLAGS and flags.FLAGS[name].value is not None:
+                getattr(flags.FLAGS[name].value, "keys")
+        return rest
+    except flags.Error as e:
+        error = ConfigError(f"{e}; see --helpfull")
+    except (AttributeError, KeyError) as e:  # ml_collections: a locked config has no such key
+        error = ConfigError(_unknown_key_message(e, argv))
+    except OSError as e:  # the config file could not be loaded
+        cause = e.__cause__ or e.__context__ or e
+        files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+        error = ConfigError(f"--config={files[0] if files else '?'}: cannot load the config file "
+                            f"({type(cause).__name__}: {cause})")
+        error.__cause__ = e
+    sys.exit(report(error, prog, verbose=wants_traceback(argv)))
+
+
 def exit_code(e: BaseException) -> int:
     return EXIT_PREEMPTED if isinstance(e, PreemptedError) else EXIT_ERROR
 
@@ -99,7 +137,8 @@ def report(e: BaseException, prog: str, *, verbose=None, stream=None) -> int:
     stream = stream or sys.stderr
     if verbose if verbose is not None else wants_traceback():
         traceback.print_exception(type(e), e, e.__traceback__, file=stream)
-    stream.write(f"{prog}: error: {one_line(e)}\n")
+    label = "stopped" if isinstance(e, StopError) else "error"
+    stream.write(f"{prog}: {label}: {one_line(e)}\n")
     stream.flush()
     return exit_code(e)
 
