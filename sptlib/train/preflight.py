@@ -191,7 +191,12 @@ def _probe(task, split, where) -> int:
 
 def check_data(config) -> None:
     """Every split of `config.data` is readable and non-empty (see the module docstring)."""
-    task = data_lib.get_task(config.data)
+    try:
+        task = data_lib.get_task(config.data)  # generates the data when configured to
+    except (DataError, ConfigError):
+        raise
+    except ValueError as e:  # the data builders' own checks (task, input_type, sizes, ...)
+        raise ConfigError(f"config.data: {e}") from e
     where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
     counts = {split: _probe(task, split, where) for split in ("train", "validation", "test")}
     empty = getattr(task.source("train"), "num_empty", 0)
