@@ -34,7 +34,10 @@ def _write_summary(workdir, config, summary, wall_time_s) -> dict:
     stages = {}
     if path.exists():
         try:
-            stages = dict(json.loads(path.read_text()).get("stages") or {})
+            old = json.loads(path.read_text())
+            if not summary:  # this invocation has nothing to add (it failed early)
+                return old
+            stages = dict(old.get("stages") or {})
         except (ValueError, AttributeError):
             logging.warning("%s is unreadable; kept as %s.bad, rebuilt.", path, path.name)
             if steps.is_main_process():

@@ -132,8 +132,12 @@ def leaf_specs(tree) -> dict:
 
 
 def describe_mismatch(saved: dict, wanted: dict) -> Optional[str]:
-    """The first difference between two `leaf_specs` (checkpoint vs this config), or None."""
-    for key in sorted(set(saved) | set(wanted)):
+    """The first difference between two `leaf_specs` (checkpoint vs this config), or None.
+
+    Parameters are looked at first (their names say most), then model state, then the rest."""
+    rank = lambda k: (0 if k.startswith("params/") else 1 if k.startswith("model_state/") else 2,
+                      k)  # noqa: E731
+    for key in sorted(set(saved) | set(wanted), key=rank):
         if key not in wanted:
             return f"{key!r} (shape {saved[key][0]}) is in the checkpoint but not in this model"
         if key not in saved:

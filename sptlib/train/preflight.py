@@ -191,14 +191,14 @@ def _probe(task, split, where) -> int:
 
 def check_data(config) -> None:
     """Every split of `config.data` is readable and non-empty (see the module docstring)."""
+    where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
     try:
         task = data_lib.get_task(config.data)  # generates the data when configured to
+        counts = {split: _probe(task, split, where) for split in ("train", "validation", "test")}
     except (DataError, ConfigError):
         raise
-    except ValueError as e:  # the data builders' own checks (task, input_type, sizes, ...)
+    except ValueError as e:  # the data builders' own checks (task, input_type, fraction, ...)
         raise ConfigError(f"config.data: {e}") from e
-    where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
-    counts = {split: _probe(task, split, where) for split in ("train", "validation", "test")}
     empty = getattr(task.source("train"), "num_empty", 0)
     logging.info("preflight: %s splits %s%s read.", config.data.task, counts,
                  f" ({empty} empty images skipped)" if empty else "")
