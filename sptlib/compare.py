@@ -41,8 +41,11 @@ from etils import epath
 import ml_collections
 from ml_collections import config_flags
 
+from sptlib import errors
 from sptlib import experiments_lib
 from sptlib import report
+from sptlib.records import (_get, curve_from_events, is_finished,  # noqa: F401 (re-exported)
+                            load_results, make_record)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, `path.py[:arg]`, with a `compare` section.",
@@ -62,6 +65,8 @@ _LENGTH = flags.DEFINE_list(
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only", False, "Only rebuild comparison.json/md and plots from finished runs.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Print the traceback of errors (also: "
+                             "SPTLIB_TRACEBACK=1).")
 _SHARD = flags.DEFINE_string(
     "shard", None, "i/n: run only every n-th run starting at i (0-based), so n processes (e.g. "
     "one per core, or one per machine sharing the workdir) split the grid. Each writes "
@@ -137,7 +142,8 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
     fractions = [float(f) for f in (data_fractions or comp.data_fractions)]
     for g in regimes:
         if g not in REGIMES:
-            raise ValueError(f"Unknown regime {g!r}; known: {REGIMES}")
+            raise errors.ConfigError(f"--regimes / config.compare.regimes: unknown regime {g!r}; "
+                                     f"known: {', '.join(REGIMES)}")
     parsed = experiments_lib.parse_arg(arg, getattr(module, "POSITIONAL", ()))
     cells = {}
     for m in models:
@@ -162,137 +168,6 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
 
 
 # ------------------------------------------------------------------------------------------------
-# Reading a run's results.
-# ------------------------------------------------------------------------------------------------
-
-def _get(d, *keys, default=None):
-    """First present key of `keys` (each 'a.b' walks nested dicts)."""
-    for key in keys:
-        node = d
-        for part in key.split("."):
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            else:
-                break
-        else:
-            return node
-    return default
-
-
-def load_results(workdir: str) -> dict | None:
-    path = epath.Path(workdir) / "results.json"  # epath: gs:// workdirs too
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # half-written: treat as not finished
-
-
-def _stage_results(results: dict | None, workdir: str, name: str) -> dict:
-    """A stage's results: `workdir/<stage>/results.json` (written by the trainer), else the entry
-    the pipeline's summary holds for it."""
-    st = load_results(os.path.join(workdir, name))
-    if st:
-        return st
-    results = results or {}
-    for key in (f"stages.{name}", name):
-        st = _get(results, key)
-        if isinstance(st, dict):
-            return st
-    return {}
-
-
-def is_finished(workdir: str, stage_order: Sequence[str]) -> bool:
-    """True when every stage of `stage_order` has results with status `finished`."""
-    summary = load_results(workdir)
-    for name in stage_order:
-        st = _stage_results(summary, workdir, name)
-        if st.get("status") != "finished":
-            return False
-    return True
-
-
-def _curve(stage: dict, stage_dir: str) -> dict | None:
-    """Validation accuracy against step of one stage: from `history` in its results when the
-    trainer records one, else from the TensorBoard events in `stage_dir`."""
-    hist = _get(stage, "history", "validation_history")
-    if hist:
-        pts = [(h.get("step"), _get(h, "accuracy", "validation.accuracy")) for h in hist]
-        pts = [(s, a) for s, a in pts if s is not None and a is not None]
-        if pts:
-            return {"step": [int(p[0]) for p in pts], "accuracy": [float(p[1]) for p in pts]}
-    return curve_from_events(stage_dir, "validation/accuracy")
-
-
-def curve_from_events(logdir: str, tag: str) -> dict | None:
-    """Reads scalar `tag` from the TensorBoard event files in `logdir` ({step: [...], accuracy:
-    [...]}, last value per step), or None."""
-    d = epath.Path(logdir)
-    if not d.is_dir() or not any(f.name.startswith("events.") for f in d.iterdir()):
-        return None
-    try:
-        from tensorboard.backend.event_processing import event_accumulator
-        from tensorboard.util import tensor_util
-    except ImportError:
-        return None
-    acc = event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0, "scalars": 0})
-    acc.Reload()
-    tags = acc.Tags()
-    points = {}
-    if tag in tags.get("tensors", []):
-        for ev in acc.Tensors(tag):
-            points[int(ev.step)] = float(tensor_util.make_ndarray(ev.tensor_proto))
-    elif tag in tags.get("scalars", []):
-        for ev in acc.Scalars(tag):
-            points[int(ev.step)] = float(ev.value)
-    if not points:
-        return None
-    steps = sorted(points)
-    return {"step": steps, "accuracy": [points[s] for s in steps]}
-
-
-def make_record(spec: RunSpec, results: dict | None, *, status: str, error: str = "",
-                wall_time_s: float | None = None) -> dict:
-    """One `comparison.json` record from a run's `results.json` (and the spec)."""
-    order = list(spec.config.stage_order)
-    rec = {"model": spec.model, "regime": spec.regime, "seed": spec.seed,
-           "data_fraction": spec.data_fraction, "task": spec.config.data.task,
-           "workdir": spec.workdir, "status": status, "stages": {}}
-    if error:
-        rec["error"] = error
-    summary = results or {}
-    total_wall = 0.0
-    for name in order:
-        st = _stage_results(summary, spec.workdir, name)
-        wall = _get(st, "wall_time_total_s", "wall_time_s")  # all invocations of a resumed stage
-        rec["stages"][name] = {
-            "steps": _get(st, "final_step", "steps"),
-            "wall_time_s": wall,
-            "objective": spec.config.stages[name].objective.kind,
-            "best_step": _get(st, "best_step"),
-            "best_metric": _get(st, "best_metric"),
-            "best_validation": _get(st, "validation.best"),
-            "train_steps_per_s": _get(st, "train_steps_per_s"),
-            "num_params": _get(st, "num_params"),
-        }
-        total_wall += float(wall or 0.0)
-    cls = order[-1]  # the classification stage (finetune or scratch)
-    st = _stage_results(summary, spec.workdir, cls)
-    # The best-validation checkpoint's test accuracy (never the last checkpoint's).
-    rec["test_accuracy"] = _get(st, "test.best.accuracy", "test_accuracy")
-    rec["val_accuracy"] = _get(st, "validation.best.accuracy", "val_accuracy")
-    rec["test_accuracy_last"] = _get(st, "test.last.accuracy")
-    rec["curve"] = _curve(st, os.path.join(spec.workdir, cls)) if st else None
-    rec["pretrain_steps"] = sum(int(rec["stages"][n]["steps"] or 0) for n in order[:-1])
-    rec["wall_time_s"] = total_wall if total_wall else wall_time_s
-    lg = summary.get("length_generalization")
-    if lg:
-        rec["length_generalization"] = lg
-    return rec
-
-
-# ------------------------------------------------------------------------------------------------
 # Running.
 # ------------------------------------------------------------------------------------------------
 
@@ -303,9 +178,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         i, n = (int(v) for v in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard={text!r}: expected i/n, e.g. 0/2") from None
+        raise errors.ConfigError(f"--shard={text!r}: expected i/n, e.g. 0/2") from None
     if n < 1 or not 0 <= i < n:
-        raise ValueError(f"--shard={text!r}: need n >= 1 and 0 <= i < n")
+        raise errors.ConfigError(f"--shard={text!r}: need n >= 1 and 0 <= i < n")
     return i, n
 
 
@@ -371,13 +246,13 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                                   wall_time_s=time.time() - t0)
             except KeyboardInterrupt:
                 raise
+            except errors.PreemptedError:
+                # SIGTERM / preemption: the stage saved a checkpoint; stop the whole
+                # comparison (rerunning the command resumes it) instead of moving on.
+                _write_json(records, workdir, json_name)
+                log(f"[compare] stopped on request during {spec.name}; rerun to resume")
+                raise
             except Exception as e:
-                if type(e).__name__ == "PreemptedError":
-                    # SIGTERM / preemption: the stage saved a checkpoint; stop the whole
-                    # comparison (rerunning the command resumes it) instead of moving on.
-                    _write_json(records, workdir, json_name)
-                    log(f"[compare] stopped on request during {spec.name}; rerun to resume")
-                    raise
                 logging.exception("Run %s failed", spec.name)
                 # Any other error: one broken cell must not lose the others.
                 rec = make_record(spec, load_results(spec.workdir), status="failed",
@@ -385,8 +260,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                                   wall_time_s=time.time() - t0)
                 (epath.Path(spec.workdir) / "error.txt").write_text(traceback.format_exc())
                 log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
-        if (length_factors and rec["status"] == "finished" and not report_only
-                and not rec.get("length_generalization")):
+        if length_factors and rec["status"] == "finished" and not report_only:
             rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn,
                                                         log)
         records.append(rec)
@@ -402,27 +276,32 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
 
 
 def _length_eval(spec, factors, fn, log) -> dict:
+    """{"<f>x": accuracy} for every factor the run allows, cached in the run's
+    `length_generalization.json` per factor: a later call computes only the factors it lacks, and
+    an empty result is never written (a refused factor is retried, not remembered as done)."""
     cache = epath.Path(spec.workdir) / "length_generalization.json"
+    done = {}
     if cache.exists():
-        return json.loads(cache.read_text())
-    if fn is None:
         try:
-            from sptlib import lengthgen
-        except ImportError:
-            log("[compare] length generalisation: sptlib.lengthgen is not available")
-            return {}
+            done = {k: float(v) for k, v in json.loads(cache.read_text()).items()}
+        except (ValueError, TypeError, AttributeError):
+            log(f"[compare] {cache} is unreadable; recomputing it")
+    wanted = {f"{factor:g}x": factor for factor in factors}
+    missing = [f for k, f in wanted.items() if k not in done]
+    if missing and fn is None:
+        from sptlib import lengthgen  # deferred: pulls in JAX
         fn = lengthgen.evaluate
-    out = {}
-    for factor in factors:
+    for factor in missing:
         try:
             acc = fn(spec.config, spec.workdir, factor)
         except Exception as e:  # a model or task that cannot run longer inputs
             log(f"[compare] length x{factor:g} for {spec.name} skipped: {e}")
             acc = None
         if acc is not None:
-            out[f"{factor:g}x"] = float(acc)
-    cache.write_text(json.dumps(out))
-    return out
+            done[f"{factor:g}x"] = float(acc)
+    if done and missing:
+        _write_json(done, spec.workdir, cache.name)
+    return {k: v for k, v in done.items() if k in wanted}
 
 
 def _write_json(records, workdir, name="comparison.json"):
@@ -444,27 +323,62 @@ def _json_default(o):
     return str(o)
 
 
+def parse_numbers(flag: str, values, kind=float, *, low=None, high=None, low_open=False):
+    """`--flag=a,b` values as `kind`, each checked against (low, high]; errors name the flag."""
+    if values is None:
+        return None
+    out = []
+    for v in values:
+        try:
+            x = kind(v)
+        except ValueError:
+            raise errors.ConfigError(f"--{flag}={','.join(values)}: {v!r} is not "
+                                     f"{'an integer' if kind is int else 'a number'}") from None
+        if (kind is float and not math.isfinite(x)) or (low is not None and (
+                x < low or (low_open and x == low))) or (high is not None and x > high):
+            bound = f"{'>' if low_open else '>='} {low:g}" if high is None else \
+                f"in ({low:g}, {high:g}]"
+            raise errors.ConfigError(f"--{flag}={','.join(values)}: {v!r} must be {bound}")
+        out.append(x)
+    if not out:
+        raise errors.ConfigError(f"--{flag}= is empty; give at least one value")
+    return out
+
+
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     from sptlib import logs
     logs.quiet_library_logs()
+    try:
+        return _main()
+    except errors.SptlibError as e:
+        raise SystemExit(errors.report(e, "sptlib.compare", verbose=_VERBOSE.value or None)) \
+            from None
+
+
+def _main():
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    seeds = parse_numbers("seeds", _SEEDS.value, int, low=0)
+    fractions = parse_numbers("data_fractions", _FRACTIONS.value, low=0, high=1, low_open=True)
+    factors = parse_numbers("length_factors", _LENGTH.value, low=0, low_open=True)
+    shard = parse_shard(_SHARD.value)
     filename = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     base, specs = expand(
         filename, overrides, workdir=_WORKDIR.value, models=_MODELS.value,
-        regimes=_REGIMES.value, seeds=_SEEDS.value,
-        data_fractions=[float(f) for f in _FRACTIONS.value] if _FRACTIONS.value else None,
+        regimes=_REGIMES.value, seeds=seeds, data_fractions=fractions,
         rand_init=_RAND_INIT.value)
-    factors = ([float(f) for f in _LENGTH.value] if _LENGTH.value is not None
-               else list(base.compare.length_factors))
+    if factors is None:
+        factors = parse_numbers("config.compare.length_factors",
+                                [str(f) for f in base.compare.length_factors] or None,
+                                low=0, low_open=True) or []
     if _DRY_RUN.value:
         for s in specs:
             print(f"{s.name:40s} stages={tuple(s.config.stage_order)} -> {s.workdir}")
         return
     title = base.compare.get("title") or f"Comparison: {filename}"
-    shard = parse_shard(_SHARD.value)
     records, paths = run_comparison(specs, _WORKDIR.value, title=title, length_factors=factors,
                                     report_only=_REPORT_ONLY.value, shard=shard)
     if shard is not None:
@@ -483,8 +397,10 @@ def main(argv):
 
 def run():
     """Console-script entry point (`spt-compare`)."""
+    import functools
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    app.run(main, flags_parser=functools.partial(errors.parse_absl_flags,
+                                                 prog="sptlib.compare"))
 
 
 if __name__ == "__main__":

@@ -1,25 +1,31 @@
 """Command line entry point: flags only, then `sptlib.pipeline.run(config, workdir)`.
 
     python -m sptlib.main --config=experiments/smoke.py --workdir=/tmp/smoke \
-        [--config.stages.pretrain.num_steps=100]
+        [--config.stages.pretrain.num_steps=100] [--verbose]
 
 Also installed as the `spt-train` console script. Re-running the same command resumes.
+Bad input (a config key, a data file, a checkpoint of another config, ...) is ONE line on stderr
+naming what to fix, exit status 2; `--verbose` or SPTLIB_TRACEBACK=1 adds the traceback. A stop on
+request (SIGTERM) exits with 3, a diverged run with 2; their checkpoints are kept.
 """
 
-import sys
+import functools
 
 from absl import app
 from absl import flags
-from absl import logging
 
+from sptlib import errors
 from sptlib import logs
 from ml_collections import config_flags
 
+PROG = "sptlib.main"
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (experiments/X.py[:arg]); override fields with "
     "--config.a.b=value.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (local path or gs://...); each "
                                "stage writes to workdir/<stage>/.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Print the traceback of errors (also: "
+                             "SPTLIB_TRACEBACK=1).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -29,20 +35,15 @@ def main(argv):
     logs.quiet_library_logs()
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
     from sptlib import pipeline
-    from sptlib.train import loop
     try:
         pipeline.run(_CONFIG.value, _WORKDIR.value)
-    except loop.PreemptedError as e:
-        logging.warning("%s", e)
-        sys.exit(3)
-    except loop.NonFiniteLossError as e:
-        logging.error("%s", e)
-        sys.exit(2)
+    except errors.SptlibError as e:
+        raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
 
 
 def run():
     """Console-script entry point (`spt-train`)."""
-    app.run(main)
+    app.run(main, flags_parser=functools.partial(errors.parse_absl_flags, prog=PROG))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from etils import epath
 
 from sptlib.train import config as config_lib
 from sptlib.train import loop
+from sptlib.train import preflight
 from sptlib.train import sharding
 from sptlib.train import steps
 
@@ -25,6 +26,35 @@ def _summary_metric(results, split, which, metric):
     return (results.get(split, {}).get(which, {}) or {}).get(metric)
 
 
+def _write_summary(workdir, config, summary, wall_time_s) -> dict:
+    """Writes `workdir/results.json` atomically, keeping the stages an earlier invocation
+    summarised and this one did not reach (a failed rerun never clobbers a finished summary);
+    an unreadable earlier summary is moved aside to `results.json.bad`, never overwritten."""
+    path = workdir / "results.json"
+    stages = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            if not summary:  # this invocation has nothing to add (it failed early)
+                return old
+            stages = dict(old.get("stages") or {})
+        except (ValueError, AttributeError):
+            logging.warning("%s is unreadable; kept as %s.bad, rebuilt.", path, path.name)
+            if steps.is_main_process():
+                path.replace(workdir / "results.json.bad")
+    stages = {k: v for k, v in stages.items() if k in config.stage_order}
+    stages.update(summary)
+    out = {"stage_order": list(config.stage_order), "stages": stages,
+           "complete": all((stages.get(n) or {}).get("status") == "finished"
+                           for n in config.stage_order),
+           "wall_time_s": wall_time_s}
+    if steps.is_main_process():
+        tmp = workdir / "results.json.tmp"
+        tmp.write_text(json.dumps(out, indent=2, sort_keys=True, default=str))
+        tmp.replace(path)  # atomic where the file system allows
+    return out
+
+
 def run(config, workdir) -> dict:
     """Runs `config.stage_order`; returns `{"stages": {name: results}, "summary": ...}`.
 
@@ -33,6 +63,7 @@ def run(config, workdir) -> dict:
     """
     config_lib.validate(config)
     sharding.maybe_initialize_distributed(config)
+    preflight.check(config, workdir)  # data, metrics, batch sizes, workdir: before any step
     if not steps.is_main_process():
         # Logs (like files) come from process 0; the others report warnings and errors only.
         logging.set_verbosity(logging.WARNING)
@@ -57,11 +88,6 @@ def run(config, workdir) -> dict:
                 f"test_{metric}_last": _summary_metric(res, "test", "last", metric),
             })
     finally:
-        out = {"stage_order": list(config.stage_order), "stages": summary,
-               "complete": len(summary) == len(config.stage_order),
-               "wall_time_s": time.time() - t0}
-        if steps.is_main_process():
-            path = workdir / "results.json"
-            path.write_text(json.dumps(out, indent=2, sort_keys=True, default=str))
+        out = _write_summary(workdir, config, summary, time.time() - t0)
     logging.info("All stages done: %s", json.dumps(summary, default=str))
     return {"stages": all_results, "summary": out}

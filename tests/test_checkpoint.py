@@ -111,6 +111,79 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, damage):
     ck.close()
 
 
+def _saved_three(directory, steps=(10, 20, 30)):
+    ck = ckpt_lib.StageCheckpointer(directory, keep=3, async_saves=False)
+    for step in steps:
+        ck.save(step, _toy_state(step), {"next_index": step * 4})
+    ck.close()
+    return {p.name: sorted(str(f.relative_to(p)) for f in p.rglob("*"))
+            for p in directory.iterdir()}
+
+
+def _toy_changed(change):
+    st = _toy_state(0)
+    w = st.params["backbone"]["w"]
+    w = jnp.zeros((3, 5), w.dtype) if change == "shape" else w.astype(jnp.bfloat16)
+    return st.replace(params={**st.params, "backbone": {"w": w}})
+
+
+@pytest.mark.parametrize("change,needle", [("shape", "(3, 4) float32 in the checkpoint but "
+                                                     "(3, 5) float32"),
+                                            ("dtype", "float32 in the checkpoint but (3, 4) "
+                                                      "bfloat16")])
+def test_checkpoint_of_another_config_stops_and_moves_nothing(tmp_path, change, needle):
+    """A changed model is not corruption: stop naming stage, parameter and both shapes; keep
+    every checkpoint where it was (the issue: healthy ones were quarantined, then retrained)."""
+    directory = tmp_path / "ck"
+    before = _saved_three(directory)
+    ck = ckpt_lib.StageCheckpointer(directory, keep=3)
+    with pytest.raises(ckpt_lib.CheckpointMismatchError) as e:
+        ck.restore_latest(ckpt_lib.abstract_like(_toy_changed(change)), stage="pretrain")
+    ck.close()
+    msg = str(e.value)
+    assert "stage 'pretrain'" in msg and "'params/backbone/w'" in msg and needle in msg
+    assert "new --workdir" in msg and "config.json" in msg
+    after = {p.name: sorted(str(f.relative_to(p)) for f in p.rglob("*"))
+             for p in directory.iterdir()}
+    assert after == before and not (directory / "corrupt").exists()
+
+
+def test_no_readable_checkpoint_left_stops_unless_told_to_start_over(tmp_path):
+    directory = tmp_path / "ck"
+    _saved_three(directory, steps=(10, 20))
+    for step in (10, 20):
+        shutil.rmtree(directory / str(step) / "state")  # unreadable: the state is gone
+    ck = ckpt_lib.StageCheckpointer(directory, keep=3)
+    with pytest.raises(ckpt_lib.NoReadableCheckpointError,
+                       match=r"stage 'finetune': no readable checkpoint.*"
+                             r"stages\.finetune\.start_over_if_unreadable=True"):
+        ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)), stage="finetune")
+    # Both moved aside (never deleted) and reported.
+    assert sorted(q["step"] for q in ck.quarantined) == [10, 20]
+    moved = sorted(p.name.split("-")[0] for p in (directory / "corrupt").iterdir())
+    assert moved == ["10", "20"] and all(
+        (directory / "corrupt" / p.name / "data").exists()
+        for p in (directory / "corrupt").iterdir())
+    ck.close()
+    # The next run finds no step at all, but still does not restart on its own.
+    ck = ckpt_lib.StageCheckpointer(directory, keep=3)
+    with pytest.raises(ckpt_lib.NoReadableCheckpointError, match="corrupt/10-"):
+        ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)), stage="finetune")
+    ck.close()
+    # Asked explicitly: a fresh start (None), nothing left to quarantine.
+    ck = ckpt_lib.StageCheckpointer(directory, keep=3)
+    assert ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)), stage="finetune",
+                             start_over=True) is None
+    ck.close()
+
+
+def test_truncated_json_is_named(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text('{"status": "fini')
+    with pytest.raises(ckpt_lib.ResultsError, match=r"results\.json is unreadable.*move it"):
+        ckpt_lib.read_json(path)
+
+
 def test_iterator_state_roundtrip():
     for s in ({"next_index": 3, "nested": [1, 2]}, b'{"a": 1}', None):
         enc = ckpt_lib.encode_iterator_state(s)

@@ -93,7 +93,7 @@ def test_expand_grid_and_overrides(experiment, tmp_path):
     _, specs = compare.expand(experiment, {}, workdir="w", data_fractions=[0.1], seeds=[0])
     assert specs[0].config.data.data_fraction == 0.1
     assert specs[0].workdir == os.path.join("w", "m1", "scratch-frac0.1", "seed0")
-    with pytest.raises(ValueError, match="Unknown regime"):
+    with pytest.raises(ValueError, match="unknown regime"):
         compare.expand(experiment, {}, workdir="w", regimes=["pretrain-only"])
 
 

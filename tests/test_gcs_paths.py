@@ -73,9 +73,11 @@ def test_pipeline_reaches_first_write_on_gs_workdir(tmp_path, monkeypatch):
     """`sptlib.pipeline.run(config, "gs://...")` creates the stage dir and writes its first file
     through epath. Stops there: later writes (orbax/TensorStore, TensorBoard via tf.io.gfile)
     use their own gs clients, which this test must not reach."""
-    pipeline = pytest.importorskip("sptlib.pipeline")
-    smoke = pytest.importorskip("experiments.smoke")
+    from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
+    from sptlib import pipeline
     config = smoke.get_config()
+    # The data lives outside cwd: preflight generates it (a local path) before the first write.
+    config.data.lra_dir = str(tmp_path / "lra")
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)

@@ -15,10 +15,9 @@ from sptlib.models.heads import pool
 
 
 def _has(module, name):
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
-        return False
+    """True, or an error: a broken or missing layer must fail the suite, never become a skip."""
+    assert hasattr(importlib.import_module(module), name), f"{module}.{name} is missing"
+    return True
 
 
 def _cfg(**kw):

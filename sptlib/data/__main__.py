@@ -12,13 +12,18 @@ import argparse
 import sys
 import time
 
+from sptlib import errors
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m sptlib.data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="print the traceback of errors (also: SPTLIB_TRACEBACK=1)")
 
-    lo = sub.add_parser("listops", help="generate ListOps (LRA algorithm)")
+    lo = sub.add_parser("listops", parents=[common], help="generate ListOps (LRA algorithm)")
     lo.add_argument("--out", required=True, help="folder to hold listops-1000/")
     lo.add_argument("--num_train", type=int, default=96000)
     lo.add_argument("--num_val", type=int, default=2000)
@@ -28,7 +33,8 @@ def main(argv=None):
     lo.add_argument("--max_length", type=int, default=2000, help="exclusive upper length bound")
     lo.add_argument("--no_progress", action="store_true")
 
-    pf = sub.add_parser("pathfinder", help="generate Pathfinder images (release format)")
+    pf = sub.add_parser("pathfinder", parents=[common],
+                        help="generate Pathfinder images (release format)")
     pf.add_argument("--out", required=True, help="folder to hold pathfinder{R}/")
     pf.add_argument("--resolution", type=int, default=32)
     pf.add_argument("--num", type=int, default=2000, help="number of images (all splits)")
@@ -37,13 +43,21 @@ def main(argv=None):
     pf.add_argument("--images_per_folder", type=int, default=1000)
     pf.add_argument("--no_progress", action="store_true")
 
-    tp = sub.add_parser("throughput", help="measure pipeline examples/s on generated data")
+    tp = sub.add_parser("throughput", parents=[common],
+                        help="measure pipeline examples/s on generated data")
     tp.add_argument("--task", default="listops", choices=("listops", "pathfinder"))
     tp.add_argument("--lra_dir", default="", help="existing/generated data (default: a temp dir)")
     tp.add_argument("--batch_size", type=int, default=64)
     tp.add_argument("--seconds", type=float, default=5.0)
 
     args = p.parse_args(argv)
+    try:
+        return _run(args)
+    except errors.SptlibError as e:
+        return errors.report(e, "python -m sptlib.data", verbose=args.verbose or None)
+
+
+def _run(args):
     if args.command == "throughput":
         return _throughput(args)
     t0 = time.time()

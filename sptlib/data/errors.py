@@ -1,8 +1,6 @@
 """Errors raised on bad or missing data; every message names the file (and line) at fault."""
 
-
-class DataError(ValueError):
-    """Malformed or missing data files."""
+from sptlib.errors import DataError  # noqa: F401  (the library-wide type, re-exported here)
 
 
 def located(path, line, message):

@@ -19,6 +19,9 @@ drawn from its own stream seeded [seed, i], so a set's first images do not depen
 
 import numpy as np
 
+from sptlib.data.release import check_count
+from sptlib.errors import ConfigError
+
 NUM_CLASSES = 4
 CLASS_NAMES = ("horizontal", "vertical", "diagonal", "anti-diagonal")
 # (row step, column step) of each direction.
@@ -99,7 +102,9 @@ def generate(num, *, resolution=16, seed=0, held_out=False, style="segments", **
     style: segments (`draw_sample`) | gratings (`draw_grating`).
     """
     if style not in STYLES:
-        raise ValueError(f"style must be one of {sorted(STYLES)}, got {style!r}")
+        raise ConfigError(f"style must be one of {sorted(STYLES)}, got {style!r}")
+    num = check_count("num", num, 0)
+    check_count("resolution", resolution, 2)
     draw = STYLES[style]
     images = np.empty((num, resolution, resolution), np.uint8)
     labels = np.arange(num, dtype=np.int32) % NUM_CLASSES

@@ -20,6 +20,8 @@ import numpy as np
 
 from sptlib.data import tokenizers
 from sptlib.data.errors import DataError, located
+from sptlib.data.release import check_count, write_atomically
+from sptlib.errors import ConfigError
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -27,6 +29,9 @@ VALUE_P = 0.25  # probability of an operator node below the maximum depth
 SPLIT_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv",
                "test": "basic_test.tsv"}
 FOLDER = "listops-1000"
+# Consecutive draws without a new distinct example after which generation gives up: the window
+# holds fewer distinct trees than asked (a real window's gaps are a few hundred draws at most).
+STALL_DRAWS = 50_000
 
 
 class _TooLong(Exception):
@@ -98,12 +103,22 @@ def generate(num_examples, *, seed=0, min_length=500, max_length=2000, max_depth
 
     Returns a list of (source string, int label) in generation order.
     """
-    if max_length - min_length < 2:
-        raise ValueError(f"empty length window ({min_length}, {max_length})")
+    if max_length - max(min_length, 0) < 2:  # lengths are >= 1 and strictly inside the bounds
+        raise ConfigError(f"ListOps length window min_length={min_length} < length < "
+                          f"max_length={max_length} is empty (--min_length/--max_length, "
+                          f"config.data.generate.*); widen it")
     rng = random.Random(seed)
     seen = {}
     bar = _progress(num_examples, "listops", progress)
+    stalled = 0
     while len(seen) < num_examples:
+        stalled += 1
+        if stalled > STALL_DRAWS:
+            bar.close()
+            raise ConfigError(
+                f"ListOps: only {len(seen)} distinct examples with {min_length} < length < "
+                f"{max_length} after {STALL_DRAWS} draws without a new one, {num_examples} asked; "
+                f"widen the window (--min_length/--max_length) or ask for fewer examples")
         try:
             tree, length = _generate_tree(rng, 1, max_depth, max_args, [max_length - 1])
         except _TooLong:
@@ -112,6 +127,7 @@ def generate(num_examples, *, seed=0, min_length=500, max_length=2000, max_depth
             key = _key(tree)
             if key not in seen:
                 seen[key] = tree
+                stalled = 0
                 bar.update(1)
     bar.close()
     return [(_to_string(t), evaluate(t)) for t in seen.values()]
@@ -127,17 +143,23 @@ def write_split(path, examples):
 
 def generate_release(out_dir, *, num_train, num_val, num_test, seed=0, min_length=500,
                      max_length=2000, progress=False):
-    """Writes `out_dir/listops-1000/basic_{train,val,test}.tsv`; returns that folder."""
+    """Writes `out_dir/listops-1000/basic_{train,val,test}.tsv`; returns that folder.
+
+    The files are written in a temporary folder and moved into place only when all three are
+    complete, so a killed generation leaves nothing a later run could trust."""
+    for name, n in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test)):
+        check_count(name, n, 1)
     examples = generate(num_train + num_val + num_test, seed=seed, min_length=min_length,
                         max_length=max_length, progress=progress)
-    folder = os.path.join(out_dir, FOLDER)
-    os.makedirs(folder, exist_ok=True)
     splits = {"train": examples[:num_train],
               "validation": examples[num_train:num_train + num_val],
               "test": examples[num_train + num_val:]}
-    for split, rows in splits.items():
-        write_split(os.path.join(folder, SPLIT_FILES[split]), rows)
-    return folder
+
+    def write(tmp):
+        for split, rows in splits.items():
+            write_split(os.path.join(tmp, SPLIT_FILES[split]), rows)
+
+    return write_atomically(os.path.join(out_dir, FOLDER), write)
 
 
 def split_path(lra_dir, split):
@@ -174,6 +196,11 @@ def read_split(path):
                 tokens.append(tokenizers.listops_tokens(cols[0]))
             except KeyError as e:
                 raise located(path, lineno, f"unknown ListOps symbol {e.args[0]!r}") from None
+            src = cols[0]
+            if src.count("(") != src.count(")") or src.count("[") != src.count("]"):
+                raise located(path, lineno, f"unbalanced expression ({src.count('(')} '(' vs "
+                                            f"{src.count(')')} ')', {src.count('[')} operators "
+                                            f"vs {src.count(']')} ']')")
             labels.append(label)
     logging.info("ListOps: read %d examples from %s", len(labels), path)
     return tokens, np.asarray(labels, dtype=np.int32)

@@ -24,6 +24,8 @@ import os
 import numpy as np
 
 from sptlib.data.errors import DataError, located
+from sptlib.data.release import check_count, write_atomically
+from sptlib.errors import ConfigError
 
 DIFFICULTIES = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
 MAX_TURN = np.pi / 6  # largest change of direction between consecutive segments
@@ -34,6 +36,7 @@ MARKER_RADIUS = 1.3  # marker disc radius (units)
 SEPARATION = 1.6  # minimum distance between points of different contours (units)
 NUM_DISTRACTORS = 2
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+MIN_RESOLUTION = 8  # below this the contours and markers no longer fit apart
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,10 +167,20 @@ def generate_release(out_dir, *, resolution=32, num=2000, seed=0, contour_length
 
     `held_out_from`: see `generate` (`train_size(num)` draws validation and test from a seed
     never used for training)."""
-    from PIL import Image
     if contour_length not in DIFFICULTIES:
-        raise ValueError(f"contour_length must be one of {sorted(DIFFICULTIES)}")
-    folder = os.path.join(out_dir, f"pathfinder{resolution}", DIFFICULTIES[contour_length])
+        raise ConfigError(f"contour_length={contour_length!r} (--contour_length): must be one "
+                          f"of {sorted(DIFFICULTIES)}")
+    check_count("resolution", resolution, MIN_RESOLUTION)
+    check_count("num", num, 10)  # each split of the 80/10/10 split holds an image
+    check_count("images_per_folder", images_per_folder, 1)
+    final = os.path.join(out_dir, f"pathfinder{resolution}", DIFFICULTIES[contour_length])
+    return write_atomically(final, lambda tmp: _write_release(
+        tmp, resolution, num, seed, contour_length, images_per_folder, progress, held_out_from))
+
+
+def _write_release(folder, resolution, num, seed, contour_length, images_per_folder, progress,
+                   held_out_from):
+    from PIL import Image
     os.makedirs(os.path.join(folder, "metadata"), exist_ok=True)
     bar = None
     if progress:

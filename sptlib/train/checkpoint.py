@@ -13,8 +13,11 @@ any reader can pick the best checkpoint of a directory without knowing the stage
 Retention: the latest `keep` checkpoints plus the best-scoring one (orbax
 `AnyPreservationPolicy(LatestN, BestN)`), so pruning never drops the best checkpoint.
 
-Restore priority (MaxText's, DESIGN §2), implemented by `sptlib.train.loop`:
-  1. the stage's own latest readable checkpoint -> full resume (`StageCheckpointer.restore_latest`);
+Restore priority (MaxText's), implemented by `sptlib.train.loop`:
+  1. the stage's own latest readable checkpoint -> full resume (`StageCheckpointer.restore_latest`).
+     A checkpoint of another config (tree, shape, dtype) stops the run, nothing moved; only
+     unreadable ones are moved to `corrupt/`, and if none is left the run stops rather than
+     restarting from step 0 (unless `stages.<s>.start_over_if_unreadable`);
   2. else `init_from` -> parameters only (`load_pretrained`);
   3. else the random init.
 Every path is an `etils.epath.Path`, so `gs://` workdirs work like local ones.
@@ -22,7 +25,6 @@ Every path is an `etils.epath.Path`, so `gs://` workdirs work like local ones.
 
 import json
 import math
-import os
 import re
 import time
 from typing import Any, Iterable, Optional, Sequence
@@ -35,16 +37,17 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+# Error types live in sptlib.errors (JAX-free); file helpers in checkpoint_io. Both re-exported.
+from sptlib.errors import (CheckpointMismatchError, IncompatibleCheckpointError,  # noqa: F401
+                           NoCheckpointError, NoReadableCheckpointError, ResultsError)
+from sptlib.train.checkpoint_io import (  # noqa: F401
+    _flat, abstract_like, absolute, decode_iterator_state, describe_mismatch,
+    encode_iterator_state, gather_iterator_states, leaf_specs, local_iterator_state, read_json,
+    saved_tree, to_host)
+
+_saved_tree = saved_tree  # the name tests used before the split
 CHECKPOINTS_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"
-
-
-class IncompatibleCheckpointError(ValueError):
-    """A checkpoint's parameters do not fit the model (names the first mismatched parameter)."""
-
-
-class NoCheckpointError(FileNotFoundError):
-    """`init_from` points at a place that holds no readable checkpoint."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -63,89 +66,6 @@ def _score_fn(metrics):
     return float(metrics.get("score", -math.inf))
 
 
-def encode_iterator_state(state: Any) -> dict:
-    """Makes a data iterator's `get_state()` JSON-serialisable (grain gives a dict or bytes)."""
-    if state is None:
-        return {"format": "none"}
-    if isinstance(state, (bytes, bytearray)):
-        return {"format": "bytes", "value": bytes(state).decode("utf-8")}
-    return {"format": "json", "value": state}
-
-
-def decode_iterator_state(saved: dict) -> Any:
-    fmt = saved.get("format")
-    if fmt == "none":
-        return None
-    if fmt == "bytes":
-        return saved["value"].encode("utf-8")
-    if fmt == "json":
-        return saved["value"]
-    raise ValueError(f"unknown saved iterator state format {fmt!r}")
-
-
-def gather_iterator_states(iterator_state: Any) -> dict:
-    """Every process's encoded iterator state, as saved in `<step>/data` (written by process 0).
-
-    Each process reads its own shard of the data, so each has its own position; orbax writes JSON
-    items from the primary process only, hence the all-gather.
-    """
-    encoded = encode_iterator_state(iterator_state)
-    if jax.process_count() == 1:
-        return {"process_count": 1, "states": [encoded]}
-    blob = np.frombuffer(json.dumps(encoded).encode("utf-8"), np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64)))
-    sizes = sizes.reshape(-1)
-    padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[:blob.size] = blob
-    blobs = np.asarray(multihost_utils.process_allgather(padded))
-    return {"process_count": int(sizes.size),
-            "states": [json.loads(bytes(blobs[i, :sizes[i]]).decode("utf-8"))
-                       for i in range(sizes.size)]}
-
-
-def local_iterator_state(saved: dict) -> Any:
-    """This process's iterator state from a saved `<step>/data` item."""
-    if "states" not in saved:  # a single state (older layout)
-        return decode_iterator_state(saved)
-    states, n = saved["states"], int(saved["process_count"])
-    if n != jax.process_count():
-        logging.warning("The checkpoint's data iterator states come from %d processes, this run "
-                        "has %d: every process starts from process 0's position (the data order "
-                        "differs from an uninterrupted run).", n, jax.process_count())
-        return decode_iterator_state(states[0])
-    return decode_iterator_state(states[jax.process_index()])
-
-
-def abstract_like(tree, shardings=None):
-    """`ShapeDtypeStruct` targets (with shardings) for restoring `tree` onto the current mesh.
-
-    Args:
-      tree: a pytree of arrays (e.g. a freshly initialised `TrainState`).
-      shardings: a matching pytree of `jax.sharding.Sharding`; default: each array's own.
-    """
-    if shardings is None:
-        return jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def to_host(x) -> np.ndarray:
-    """A full NumPy copy of a (possibly multi-process sharded) array."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        if x.sharding.is_fully_replicated:
-            return np.asarray(x.addressable_data(0))
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
-
-
-def _flat(tree) -> dict:
-    """{'a/b/c': leaf} of a nested dict (empty dicts dropped)."""
-    if not tree:
-        return {}
-    return flax.traverse_util.flatten_dict(flax.serialization.to_state_dict(tree), sep="/")
-
-
 def _is_step_dir(path: epath.Path) -> bool:
     return path.name.isdigit() and (path / "state").exists()
 
@@ -153,15 +73,6 @@ def _is_step_dir(path: epath.Path) -> bool:
 # ----------------------------------------------------------------------------------------------
 # One stage's checkpoint manager.
 # ----------------------------------------------------------------------------------------------
-
-def absolute(path) -> epath.Path:
-    """`path` as an absolute epath (orbax refuses relative local paths: "Checkpoint path should
-    be absolute"); remote paths (gs://...) are returned unchanged."""
-    text = str(path)
-    if "://" in text:
-        return epath.Path(text)
-    return epath.Path(os.path.abspath(text))
-
 
 class StageCheckpointer:
     """Saves and restores one stage's `TrainState` and data iterator state.
@@ -183,6 +94,8 @@ class StageCheckpointer:
             enable_async_checkpointing=async_saves, cleanup_tmp_directories=True, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data"))
+        # Unreadable steps moved aside by `restore_latest`: [{step, error, moved_to}].
+        self.quarantined = []
 
     # -- queries ------------------------------------------------------------------------------
     def all_steps(self) -> Sequence[int]:
@@ -241,32 +154,71 @@ class StageCheckpointer:
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         return restored.state, local_iterator_state(restored.data)
 
-    def restore_latest(self, abstract_state) -> Optional[tuple]:
+    def check_identity(self, step: int, abstract_state, stage: str = "") -> bool:
+        """Whether `step`'s saved tree can be read; raises if it was written by another config.
+
+        Returns False when the checkpoint's metadata cannot be read (missing or corrupt files).
+
+        Raises:
+          CheckpointMismatchError: the saved tree, a shape or a dtype differs from
+            `abstract_state` (names the stage, the parameter and both shapes). Nothing is moved.
+        """
+        try:
+            saved = leaf_specs(saved_tree(self.directory / str(step)))
+        except Exception:  # pylint: disable=broad-except
+            return False
+        diff = describe_mismatch(saved, leaf_specs(abstract_state))
+        if diff:
+            where = f"stage {stage!r}: " if stage else ""
+            raise CheckpointMismatchError(
+                f"{where}checkpoint {self.directory / str(step)} does not match this config: "
+                f"{diff}. It was written by another config (compare {self.directory.parent}/"
+                f"config.json); nothing was changed. Use a new --workdir, or restore the config "
+                f"it was written with.")
+        return True
+
+    def restore_latest(self, abstract_state, *, stage: str = "",
+                       start_over: bool = False) -> Optional[tuple]:
         """Full resume: (state, iterator_state, step) of the latest readable checkpoint, or None.
 
-        A checkpoint that fails to restore (corrupt or partially written files) is logged, moved to
-        `checkpoints/corrupt/`, and the previous one is tried.
+        A checkpoint written by another config (tree, shape, dtype) stops the run before anything
+        is moved (`CheckpointMismatchError`). A checkpoint that cannot be read (corrupt or missing
+        files) is logged, moved to `checkpoints/corrupt/` (listed in `self.quarantined`), and the
+        previous one is tried. When every checkpoint was unreadable, it raises
+        `NoReadableCheckpointError` unless `start_over` (then None: a fresh start).
         """
         for step in sorted(self.manager.all_steps(), reverse=True):
-            try:
-                state, iterator_state = self.restore(step, abstract_state)
-            except Exception as e:  # pylint: disable=broad-except
-                logging.warning(
-                    "Checkpoint step %d in %s is unreadable (%s: %s); falling back to the "
-                    "previous checkpoint.", step, self.directory, type(e).__name__,
-                    str(e).splitlines()[0][:300] if str(e) else "")
-                self._quarantine(step)
-                continue
-            return state, iterator_state, step
+            readable = self.check_identity(step, abstract_state, stage)
+            error = "metadata unreadable"
+            if readable:
+                try:
+                    state, iterator_state = self.restore(step, abstract_state)
+                    return state, iterator_state, step
+                except Exception as e:  # pylint: disable=broad-except
+                    error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+            logging.warning("Checkpoint step %d in %s is unreadable (%s); falling back to the "
+                            "previous checkpoint.", step, self.directory, error)
+            self.quarantined.append({"step": int(step), "error": error,
+                                     "moved_to": str(self._quarantine(step))})
+        corrupt = self.directory / CORRUPT_DIR
+        earlier = sorted(p.name for p in corrupt.iterdir()) if corrupt.exists() else []
+        if (self.quarantined or earlier) and not start_over:
+            # Also after an earlier run moved them: an empty folder must not mean "start over".
+            moved = ", ".join([q["moved_to"] for q in self.quarantined] or
+                              [str(corrupt / n) for n in earlier])
+            raise NoReadableCheckpointError(
+                f"{('stage ' + repr(stage) + ': ') if stage else ''}no readable checkpoint is "
+                f"left in {self.directory} (unreadable, moved aside: {moved}); not restarting "
+                f"from step 0 on my own. Set --config.stages.{stage or '<stage>'}."
+                f"start_over_if_unreadable=True to train this stage again from the start.")
         return None
 
-    def _quarantine(self, step: int):
+    def _quarantine(self, step: int) -> epath.Path:
         """Moves an unreadable step folder aside so the manager no longer lists it."""
         src = self.directory / str(step)
+        dst = self.directory / CORRUPT_DIR / f"{step}-{int(time.time())}"
         if jax.process_index() == 0:
-            dst_dir = self.directory / CORRUPT_DIR
-            dst_dir.mkdir(parents=True, exist_ok=True)
-            dst = dst_dir / f"{step}-{int(time.time())}"
+            dst.parent.mkdir(parents=True, exist_ok=True)
             try:
                 src.rename(dst)
                 logging.warning("Moved unreadable checkpoint %s to %s.", src, dst)
@@ -274,9 +226,11 @@ class StageCheckpointer:
                 # Object stores (gs://) cannot rename folders atomically: delete instead.
                 logging.warning("Could not move %s aside (%s); deleting it.", src, e)
                 src.rmtree(missing_ok=True)
+                dst = "deleted"
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"sptlib_quarantine_{step}")
         self.manager.reload()
+        return dst
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,15 +276,6 @@ def resolve_init_checkpoint(init_from: str, workdir, which: str = "best") -> epa
         f"{', '.join(str(c) for c in candidates)}). Run that stage first or fix the path.")
 
 
-def _saved_tree(step_dir: epath.Path) -> dict:
-    """The saved `TrainState`'s tree of array metadata (shapes, dtypes), read without arrays."""
-    with ocp.PyTreeCheckpointer() as ckptr:
-        meta = ckptr.metadata(step_dir / "state")
-    tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
-    return dict(tree)
-
-
 def _matches(path: str, patterns: Iterable[str]) -> Optional[str]:
     for pat in patterns:
         if re.search(pat, path):
@@ -363,7 +308,7 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
       IncompatibleCheckpointError: naming the first (sorted) mismatched parameter.
     """
     step_dir = absolute(step_dir)
-    saved = _saved_tree(step_dir)
+    saved = saved_tree(step_dir)
     model_state = model_state or {}
     targets = {"params": params, "model_state": model_state}
     report = {"checkpoint": str(step_dir), "loaded": [], "not_loaded": [],

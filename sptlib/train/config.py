@@ -15,6 +15,7 @@ from ml_collections import config_dict
 
 from sptlib import objectives
 from sptlib.data import config as data_config_lib
+from sptlib.errors import ConfigError
 from sptlib.models import config as model_config_lib
 from sptlib.train import optim
 from sptlib.train import sharding
@@ -23,7 +24,7 @@ from sptlib.train import sharding
 _STAGE_SCALARS = (
     "num_steps", "batch_size", "eval_batch_size", "eval_every", "eval_steps", "checkpoint_every",
     "keep", "best_metric", "best_mode", "init_from", "init_checkpoint", "dont_load", "log_every",
-    "async_checkpoints", "seed_offset",
+    "async_checkpoints", "seed_offset", "start_over_if_unreadable",
 )
 
 
@@ -88,6 +89,9 @@ def stage_config(**overrides):
     c.async_checkpoints = True
     # Added to config.seed for this stage's init, dropout and data order.
     c.seed_offset = 0
+    # When every checkpoint of this stage is unreadable (moved to checkpoints/corrupt/): False =
+    # stop with an error; True = train the stage again from its start (an explicit choice).
+    c.start_over_if_unreadable = False
     # Optional profiler trace of a window of steps.
     c.profile = profile_config()
     for key, value in overrides.items():
@@ -144,25 +148,29 @@ def base_config():
 
 
 def validate(config):
-    """Checks cross-field consistency that the lock cannot; raises ValueError with the reason."""
+    """Checks cross-field consistency that the lock cannot; raises ConfigError naming the key."""
     order = tuple(config.stage_order)
     if not order:
-        raise ValueError("config.stage_order is empty")
+        raise ConfigError("config.stage_order is empty")
     for name in order:
         if name not in config.stages:
-            raise ValueError(f"config.stage_order names stage {name!r} but config.stages has only "
-                             f"{sorted(config.stages.keys())}")
+            raise ConfigError(f"config.stage_order names stage {name!r} but config.stages has only "
+                              f"{sorted(config.stages.keys())}")
         s = config.stages[name]
         for field in ("num_steps", "batch_size", "eval_every", "checkpoint_every", "log_every"):
             if s[field] <= 0:
-                raise ValueError(f"config.stages.{name}.{field} must be positive, got {s[field]}")
+                raise ConfigError(f"config.stages.{name}.{field} must be positive, got {s[field]}")
+        for field in ("eval_batch_size", "eval_steps"):
+            if s[field] < 0:
+                raise ConfigError(f"config.stages.{name}.{field} must be >= 0 (0 = default), got "
+                                  f"{s[field]}")
         if s.keep < 1:
-            raise ValueError(f"config.stages.{name}.keep must be >= 1, got {s.keep}")
+            raise ConfigError(f"config.stages.{name}.keep must be >= 1, got {s.keep}")
         if s.best_mode not in ("min", "max"):
-            raise ValueError(f"config.stages.{name}.best_mode must be min or max, got "
-                             f"{s.best_mode!r}")
+            raise ConfigError(f"config.stages.{name}.best_mode must be min or max, got "
+                              f"{s.best_mode!r}")
         if s.init_checkpoint not in ("best", "latest"):
-            raise ValueError(f"config.stages.{name}.init_checkpoint must be best or latest, got "
-                             f"{s.init_checkpoint!r}")
+            raise ConfigError(f"config.stages.{name}.init_checkpoint must be best or latest, got "
+                              f"{s.init_checkpoint!r}")
         if s.init_from == name:
-            raise ValueError(f"config.stages.{name}.init_from names the stage itself")
+            raise ConfigError(f"config.stages.{name}.init_from names the stage itself")

@@ -26,6 +26,7 @@ from etils import epath
 import jax
 
 from sptlib import data as data_lib
+from sptlib.errors import NonFiniteLossError, PreemptedError  # noqa: F401 (re-exported)
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import metrics as metrics_lib
 from sptlib.train import setup
@@ -36,13 +37,6 @@ RESULTS_FILE = "results.json"
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 
-
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN/inf loss; the stage stopped, its last good checkpoint is kept."""
-
-
-class PreemptedError(RuntimeError):
-    """The run was asked to stop (SIGTERM / preemption); a checkpoint of the last step was saved."""
 
 
 def _write_json(path: epath.Path, obj):
@@ -65,7 +59,7 @@ def read_results(stage_dir) -> Optional[dict]:
     path = epath.Path(stage_dir) / RESULTS_FILE
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    return ckpt_lib.read_json(path)  # a truncated file is a ResultsError naming it
 
 
 class _StopFlag:
@@ -171,16 +165,20 @@ def restore(built: setup.Stage, ckpt, train_iter, workdir):
     iterator included) > `init_from` (parameters only, `dont_load` patterns kept fresh) > the
     random init in `built.state`. Returns `(state, init_info)`."""
     name, stage, state = built.name, built.cfg, built.state
-    restored = ckpt.restore_latest(ckpt_lib.abstract_like(state, built.state_shardings))
+    restored = ckpt.restore_latest(ckpt_lib.abstract_like(state, built.state_shardings),
+                                   stage=name,
+                                   start_over=stage.get("start_over_if_unreadable", False))
     if restored is not None:
         state, iterator_state, restored_step = restored
         train_iter.set_state(iterator_state)
         logging.info("[%s] resuming from its checkpoint at step %d.", name, restored_step)
-        return state, {"kind": "resume", "step": int(restored_step)}
+        return state, {"kind": "resume", "step": int(restored_step),
+                       "quarantined": ckpt.quarantined}
     if not stage.init_from:
         logging.info("[%s] random init (seed %d), %d parameters.", name, built.seed,
                      built.num_params)
-        return state, {"kind": "random", "seed": built.seed}
+        # Unreadable checkpoints moved aside, if any (a start over the user asked for).
+        return state, {"kind": "random", "seed": built.seed, "quarantined": ckpt.quarantined}
     if stage.init_from in built.config.stages:
         source = read_results(workdir / stage.init_from)
         if not source or source.get("status") != "finished":
@@ -197,7 +195,8 @@ def restore(built: setup.Stage, ckpt, train_iter, workdir):
     return state.replace(params=params, model_state=model_state), {
         "kind": "init_from", "checkpoint": str(step_dir), "loaded": len(report["loaded"]),
         "not_loaded": report["not_loaded"],
-        "skipped_from_checkpoint": report["skipped_from_checkpoint"]}
+        "skipped_from_checkpoint": report["skipped_from_checkpoint"],
+        "quarantined": ckpt.quarantined}
 
 
 def _sync_each_step():
@@ -338,10 +337,11 @@ class _Run:
             return
         self.ckpt.wait_until_finished()
         good = self.ckpt.latest_step()
+        kept = (f"the last good checkpoint is step {good} in {self.ckpt.directory}"
+                if good is not None else "no checkpoint was saved before it")
         msg = (f"[{self.name}] non-finite training loss between steps {self.last_checked + 1} "
                f"and {self.step} ({metrics_lib.format_metrics(values)}). Stopping the stage; "
-               f"the last good checkpoint is step {good} in {self.ckpt.directory}. Lower the "
-               f"learning rate, raise warmup or set optim.grad_clip.")
+               f"{kept}. Lower the learning rate, raise warmup or set optim.grad_clip.")
         _write_json(self.stage_dir / RESULTS_FILE, {"stage": self.name, "status": "diverged",
                                                     "final_step": self.step,
                                                     "last_good_step": good, "message": msg})

@@ -1,0 +1,204 @@
+"""Checks made before the first training step, so bad input fails in seconds, not after training.
+
+`check(config, workdir)` is called once by `sptlib.pipeline.run`, after `config.validate` and
+before any stage runs. Each failure is a `sptlib.errors.SptlibError` naming the config key, file
+or flag and what to do:
+
+  - the workdir is a folder (or can be created) and is writable;
+  - every stage: the objective's parameters (mask_rate in (0, 1), span_length >= 1), and
+    `best_metric` is a metric the objective reports;
+  - every stage's `batch_size` and `eval_batch_size` divide over the devices that share the
+    batch axis (`logical_axis_rules['batch']` of `config.mesh`) and over the processes;
+  - a stage folder that already holds checkpoints or results was run with the same model, data
+    and objective (its saved `config.json`), so its checkpoints belong to this config;
+  - every data split is read: the files exist and parse (errors name file and line), it holds
+    examples, and its first and last records (every record of a validation/test split of at
+    most `FULL_PROBE` examples) decode.
+"""
+
+import json
+import math
+import os
+import uuid
+
+from absl import logging
+from etils import epath
+import jax
+
+from sptlib import data as data_lib
+from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
+from sptlib.train import sharding
+
+# Validation/test splits up to this size are decoded record by record (a corrupt or wrong-size
+# image anywhere in them is found before training); larger ones are probed at both ends.
+FULL_PROBE = 20000
+# Config fields a stage's checkpoints depend on: a change means they belong to another config.
+IDENTITY = ("model", "data.task", "data.input_type", "data.max_length")
+
+
+def check(config, workdir) -> None:
+    """Runs every check below; raises the first failure (a `SptlibError`)."""
+    check_workdir(workdir)
+    for name in config.stage_order:
+        check_objective(config, name)
+        check_best_metric(config, name)
+    check_batch_sizes(config)
+    check_saved_configs(config, workdir)
+    check_data(config)
+
+
+def check_workdir(workdir) -> None:
+    """The workdir is (or can be made) a folder this process can write to."""
+    text = str(workdir)
+    if "://" in text:  # object stores: a probe write would cost a round trip; orbax reports
+        return
+    path = epath.Path(os.path.abspath(text))
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--workdir={text}: is a file, not a folder; pass a folder (it is "
+                          f"created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".sptlib-write-test-{uuid.uuid4().hex[:8]}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--workdir={text}: cannot write there ({type(e).__name__}: "
+                          f"{e.strerror or e}); pick a writable folder") from None
+
+
+def check_objective(config, name) -> None:
+    obj = config.stages[name].objective
+    key = f"config.stages.{name}.objective"
+    if obj.kind not in ("masked", "causal"):
+        return
+    if obj.kind == "masked":
+        rate = float(obj.mask_rate)
+        if not 0.0 < rate < 1.0:
+            raise ConfigError(f"{key}.mask_rate={obj.mask_rate!r}: must be in (0, 1), the "
+                              f"fraction of positions masked (the paper uses 0.1 to 0.5)")
+        span = obj.span_length
+        if not float(span).is_integer() or int(span) < 1:
+            raise ConfigError(f"{key}.span_length={span!r}: must be an integer >= 1")
+
+
+def metric_names(objective_cfg) -> set:
+    """The validation metrics an objective reports (`sptlib.objectives`)."""
+    names = {"loss"}
+    if objective_cfg.kind in ("classify", "retrieval") or objective_cfg.get("target") != "l1":
+        names.add("accuracy")
+    if objective_cfg.kind == "masked":
+        names.add("masked_fraction")
+    return names
+
+
+def check_best_metric(config, name) -> None:
+    stage = config.stages[name]
+    names = metric_names(stage.objective)
+    if stage.best_metric not in names:
+        raise ConfigError(f"config.stages.{name}.best_metric={stage.best_metric!r}: the "
+                          f"{stage.objective.kind!r} objective reports {sorted(names)}")
+
+
+def batch_devices(config) -> tuple:
+    """(number of devices the batch axis is split over, their mesh axes)."""
+    try:
+        mesh = sharding.create_mesh(config.mesh)
+    except ValueError as e:
+        raise ConfigError(f"config.mesh: {e}") from None
+    rules = dict(sharding.normalize_rules(config.logical_axis_rules))
+    axes = rules.get("batch")
+    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    return math.prod(int(mesh.shape[a]) for a in axes), axes
+
+
+def check_batch_sizes(config) -> None:
+    n, axes = batch_devices(config)
+    pc = jax.process_count()
+    for name in config.stage_order:
+        stage = config.stages[name]
+        for field in ("batch_size", "eval_batch_size"):
+            value = int(stage[field] or (stage.batch_size if field == "eval_batch_size" else 0))
+            key = f"config.stages.{name}.{field}"
+            if value % pc:
+                raise ConfigError(f"{key}={value}: not divisible by the {pc} processes; use a "
+                                  f"multiple of {pc}")
+            if value % n:
+                raise ConfigError(
+                    f"{key}={value}: the batch is split over {n} devices (mesh axes "
+                    f"{'x'.join(axes)} of config.mesh, {jax.device_count()} devices in all); use "
+                    f"a multiple of {n}{' (0 = batch_size)' if field == 'eval_batch_size' else ''}")
+
+
+def _get(tree, dotted):
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _diffs(old, new, prefix=""):
+    """Dotted keys whose values differ between two nested dicts (sorted)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _diffs(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else k)
+        return out
+    return [] if old == new else [(prefix, old, new)]
+
+
+def check_saved_configs(config, workdir) -> None:
+    """A stage that already ran here ran with this model, data and objective (`config.json`)."""
+    current = json.loads(config.to_json_best_effort())
+    for name in config.stage_order:
+        stage_dir = epath.Path(workdir) / name
+        saved_path = stage_dir / "config.json"
+        if not saved_path.exists():
+            continue
+        try:
+            saved = json.loads(saved_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ResultsError(f"{saved_path} is unreadable (truncated?); restore it or move the "
+                               f"stage folder aside") from None
+        keys = IDENTITY + (f"stages.{name}.objective.kind",)
+        diffs = []
+        for key in keys:
+            diffs += _diffs(_get(saved, key), _get(current, key), key)
+        if diffs:
+            shown = "; ".join(f"config.{k}={o!r} there, {n!r} now" for k, o, n in diffs[:3])
+            more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
+            raise CheckpointMismatchError(
+                f"stage {name!r} in {stage_dir} was run with another config ({saved_path}): "
+                f"{shown}{more}. Its checkpoints and results belong to that config; nothing was "
+                f"changed. Use a new --workdir, or restore the config.")
+
+
+def _probe(task, split, where) -> int:
+    """Reads `split` (see the module docstring); returns its number of examples."""
+    src = task.source(split)  # parses the files: errors name file and line
+    n = len(src)
+    if split == "train":
+        n = task.num_examples(split)  # after config.data.data_fraction
+    if n == 0:
+        raise DataError(f"{where}: the {split} split holds no examples (an empty or header-only "
+                        f"file?); regenerate or fix the data, or check config.data.data_fraction")
+    total = len(src)
+    ids = range(total) if split != "train" and total <= FULL_PROBE else sorted({0, total - 1})
+    for i in ids:
+        src[i]  # decodes: a corrupt or wrong-size record raises a DataError naming it
+    return n
+
+
+def check_data(config) -> None:
+    """Every split of `config.data` is readable and non-empty (see the module docstring)."""
+    where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
+    try:
+        task = data_lib.get_task(config.data)  # generates the data when configured to
+        counts = {split: _probe(task, split, where) for split in ("train", "validation", "test")}
+    except (DataError, ConfigError):
+        raise
+    except ValueError as e:  # the data builders' own checks (task, input_type, fraction, ...)
+        raise ConfigError(f"config.data: {e}") from e
+    empty = getattr(task.source("train"), "num_empty", 0)
+    logging.info("preflight: %s splits %s%s read.", config.data.task, counts,
+                 f" ({empty} empty images skipped)" if empty else "")
