@@ -18,6 +18,13 @@ The whole paper row with confidence intervals:
 Data: the LRA release under `--config.data.lra_dir` (ListOps, Retrieval, Pathfinder, PathX) and
 TFDS (`imdb_reviews` for Text, `cifar10` for Image); see docs/reproducing.md.
 
+Sizes, optimisers, budgets and mask rates follow the authors' released configs, pretraining and
+finetuning files each (`sptlib/paper_presets.py`; checked field by field in
+tests/test_config_fidelity.py; deviations in docs/reproducing.md). Each config names its target
+TPU slice (`config.aot.slice`: v4-8, v4-16 for PathX, v4-32 for PathX-256) and mesh; the PathX
+and PathX-256 Transformers use local attention (windows 4,096 / 8,192) and the long-sequence
+tasks rematerialise each layer.
+
 Paper numbers to expect (test accuracy; Amos et al. 2024 Table 1, S4 paper, LRA paper):
     ListOps     S4 59.60   Transformer 36.37   (scratch)
     Text        S4 86.82   Transformer 64.27   (scratch)

@@ -1,8 +1,9 @@
 """Shared builder of experiment configs: paper presets per task and model, regimes, compare grid.
 
 Every file in `experiments/` is a thin `get_config(arg)` over `build(task, model, regime, ...)`,
-so one table (`TASKS`) holds the paper's sizes, mask rates and optimiser settings and hundreds of
-task × model × regime combinations need no copies.
+so one table (`sptlib.paper_presets.TASKS`, re-exported here) holds the paper's sizes, mask rates,
+optimiser settings and target TPU slices, and hundreds of task × model × regime combinations need
+no copies.
 
 Argument strings (`--config=experiments/lra.py:<arg>`) are comma-separated tokens: bare tokens
 fill the file's positional slots in order (e.g. `listops,s4d,spt-masked` → task, model, regime),
@@ -15,12 +16,12 @@ Regimes (stage_order of the resulting config):
   spt-masked             ("pretrain", "finetune"): masked denoising (task mask rate), then
                          classification from the best pretrain checkpoint, head re-initialised;
   spt-causal             ("pretrain", "finetune"): next-token prediction on a causal backbone.
-The finetune stage of an SPT regime has exactly the scratch stage's budget and optimiser.
+The finetune stage of an SPT regime has exactly the scratch stage's budget and optimiser; the
+pretrain stage has the released pretraining config's (`Recipe.pretrain`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import math
 import os
@@ -28,6 +29,9 @@ import sys
 from typing import Any
 
 import ml_collections
+
+from sptlib import meshes
+from sptlib.paper_presets import STAGE_FIELDS, TASKS, Recipe, TaskSpec  # noqa: F401 (re-exported)
 
 REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
 MODELS = ("transformer", "transformer-causal", "s4", "s4d", "dss", "gss", "gss-hybrid", "dlr",
@@ -83,118 +87,6 @@ def load_module(path: str):
 # Paper presets.
 # ------------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """Sizes and optimiser of one model family on one task (one stage; pretrain uses the same)."""
-
-    n_layers: int
-    d_model: int
-    batch_size: int
-    lr: float
-    weight_decay: float
-    epochs: float
-    warmup_steps: int = 0
-    schedule: str = "cosine"
-    ssm_lr: float = 1e-3
-    n_heads: int = 8
-    ffn_mult: int = 0
-    norm: str = "layer"
-    prenorm: bool = True
-    dropout: float = 0.0
-    window: int = 0  # local attention window (0 = full)
-    pooling: str = "mean"
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """One paper task: data settings, SPT mask rate, the S4 and Transformer recipes."""
-
-    data: dict
-    num_train: int
-    mask_rate: float
-    ssm: Recipe
-    transformer: Recipe
-    # Continuous inputs: masked-SPT reconstruction target (pixel256 | l1); '' for token tasks.
-    target: str = ""
-    d_input: int = 1
-    objective: str = "classify"  # retrieval for the dual-encoder task
-    paper: str = ""  # the paper's numbers to expect, for docstrings / docs/reproducing.md
-
-
-# Sizes: DESIGN.md §3 (S4 sizes for every SSM, LRA Transformer sizes). Optimiser settings and
-# epochs: the S4 repository's LRA configs for SSMs and the SPT authors' released configs
-# (IdoAmos/not-from-scratch) for Transformers, as released — including their lr 0.05 for the
-# ListOps/Text/Retrieval Transformers, which we have not been able to verify ourselves.
-TASKS: dict[str, TaskSpec] = {
-    "listops": TaskSpec(
-        data=dict(task="listops", input_type="tokens"), num_train=96_000, mask_rate=0.10,
-        ssm=Recipe(8, 128, 50, 0.01, 0.05, 40, warmup_steps=2000, norm="batch",
-                   prenorm=False),
-        transformer=Recipe(6, 512, 32, 0.05, 0.0, 100, warmup_steps=2000, schedule="constant",
-                           n_heads=8, ffn_mult=4),
-        paper="S4 59.60 (scratch); Transformer 36.37 (scratch, LRA paper). SPT: paper Table 1."),
-    "text": TaskSpec(
-        data=dict(task="text", input_type="tokens"), num_train=25_000, mask_rate=0.15,
-        ssm=Recipe(6, 256, 16, 0.01, 0.05, 32, warmup_steps=1000, norm="batch"),
-        transformer=Recipe(6, 512, 32, 0.05, 0.1, 65, warmup_steps=2000, n_heads=8, ffn_mult=4),
-        paper="S4 86.82 (scratch); Transformer 64.27 (scratch, LRA paper). SPT: paper Table 1."),
-    "retrieval": TaskSpec(
-        data=dict(task="retrieval", input_type="tokens"), num_train=147_086, mask_rate=0.15,
-        ssm=Recipe(6, 256, 64, 0.01, 0.05, 20, warmup_steps=1000, norm="batch"),
-        transformer=Recipe(4, 128, 32, 0.05, 0.0, 32, warmup_steps=5000, schedule="constant",
-                           n_heads=4, ffn_mult=4),
-        objective="retrieval",
-        paper="S4 90.90 (scratch); Transformer 57.46 (scratch, LRA paper). SPT: paper Table 1."),
-    "image": TaskSpec(
-        data=dict(task="image", input_type="continuous"), num_train=45_000, mask_rate=0.50,
-        ssm=Recipe(6, 512, 50, 0.01, 0.05, 200, norm="layer", prenorm=False, dropout=0.1),
-        transformer=Recipe(3, 64, 32, 1e-3, 0.0, 50, warmup_steps=2500, schedule="constant",
-                           n_heads=4, ffn_mult=2),
-        target="l1",
-        paper="S4 88.65 (scratch); Transformer 42.44 (scratch, LRA paper). SPT: paper Table 1."),
-    "pathfinder": TaskSpec(
-        data=dict(task="pathfinder", input_type="continuous", resolution=32),
-        num_train=160_000, mask_rate=0.50,
-        ssm=Recipe(6, 256, 64, 0.004, 0.05, 200, norm="batch"),
-        transformer=Recipe(4, 128, 32, 5e-4, 0.0, 50, warmup_steps=2500, schedule="constant",
-                           n_heads=8, ffn_mult=1),
-        target="pixel256",
-        paper="S4 94.20 (scratch); Transformer 71.40 (scratch, LRA paper). SPT: paper Table 1."),
-    "pathx": TaskSpec(
-        data=dict(task="pathx", input_type="continuous", resolution=128),
-        num_train=160_000, mask_rate=0.50,
-        ssm=Recipe(6, 256, 16, 5e-4, 0.05, 50, warmup_steps=10_000, ssm_lr=5e-4, norm="batch"),
-        transformer=Recipe(4, 128, 32, 5e-4, 0.0, 200, warmup_steps=5000, schedule="constant",
-                           n_heads=4, ffn_mult=1, window=4096, pooling="max"),
-        target="pixel256",
-        paper="S4 96.35 (scratch); Transformer fails (50, scratch); Transformer + causal SPT "
-              "88.05."),
-    "pathx256": TaskSpec(
-        data=dict(task="pathx256", input_type="continuous", resolution=256),
-        num_train=160_000, mask_rate=0.50,
-        ssm=Recipe(6, 256, 16, 5e-4, 0.05, 50, warmup_steps=10_000, ssm_lr=5e-4, norm="batch"),
-        transformer=Recipe(4, 128, 32, 5e-4, 0.0, 200, warmup_steps=5000, schedule="constant",
-                           n_heads=4, ffn_mult=1, window=8192, pooling="max"),
-        target="pixel256",
-        paper="S4 67.82 (scratch) -> 87.11 (SPT)."),
-    "scifar": TaskSpec(
-        data=dict(task="scifar", input_type="continuous"), num_train=45_000, mask_rate=0.50,
-        ssm=Recipe(6, 512, 50, 0.01, 0.05, 200, norm="layer", prenorm=False, dropout=0.1),
-        transformer=Recipe(6, 512, 32, 1e-3, 0.0, 100, warmup_steps=2500, n_heads=8,
-                           ffn_mult=2),
-        target="l1", d_input=3,
-        paper="S4 ~91 (scratch, S4 paper); SPT: paper section 3.7."),
-    "speech_commands": TaskSpec(
-        data=dict(task="speech_commands", input_type="continuous"), num_train=84_843,
-        mask_rate=0.25,
-        ssm=Recipe(6, 128, 16, 0.01, 0.05, 40, norm="batch"),
-        transformer=Recipe(4, 128, 16, 5e-4, 0.0, 40, warmup_steps=2500, n_heads=4, ffn_mult=2,
-                           window=4096),
-        target="l1",
-        paper="S4 ~96-98 (scratch, raw audio); SPT: paper section 3.7."),
-}
-
-
 def randinit_overrides(model: str) -> dict | None:
     """Model overrides of the random-SSM-init variant (`<model>-randinit`: the unstructured
     control of the paper's structured-vs-random ablation, `layers.ssm.random_diagonal_inits`), or
@@ -214,28 +106,44 @@ def steps_for(recipe: Recipe, num_train: int) -> int:
 
 
 def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
-    """Fills `config.model` for model `name` with `recipe`'s sizes (in place)."""
+    """Fills `config.model` for model `name` with `recipe`'s sizes (in place).
+
+    A recipe with a `window` gets the local attention kernel (O(L · window) time and memory; a
+    window over `impl="plain"` would only mask a full L × L score matrix).
+    """
     base = name.removesuffix("-randinit")
     m = model_cfg
     m.n_layers, m.d_model = recipe.n_layers, recipe.d_model
     m.norm, m.prenorm, m.dropout = recipe.norm, recipe.prenorm, recipe.dropout
     m.ffn_mult, m.pooling = recipe.ffn_mult, recipe.pooling
+    m.remat = recipe.remat
     m.causal = base == "transformer-causal"
     m.attention.n_heads = recipe.n_heads
     m.attention.window = recipe.window
+    m.attention.impl = "local" if recipe.window else "plain"
     if task.data["input_type"] == "continuous":
         m.encoder, m.d_input, m.mask_channel = "linear", task.d_input, True
     else:
         m.encoder = "token"
     if base in ("transformer", "transformer-causal"):
         m.mixer, m.pattern = "attention", "uniform"
-        m.positions = "sinusoidal"
+        if recipe.positions not in ("sinusoidal", "rotary"):
+            raise ValueError(f"Recipe.positions must be sinusoidal | rotary, got "
+                             f"{recipe.positions!r}")
+        # Rotary positions live in the attention layer; sinusoidal ones are added by the encoder.
+        rotary = recipe.positions == "rotary"
+        m.positions = "none" if rotary else "sinusoidal"
+        m.attention.positions = "rotary" if rotary else "none"
     elif base == "gss":
         m.mixer, m.pattern, m.ffn_mult = "gss", "uniform", 0
     elif base == "gss-hybrid":
         m.mixer, m.pattern, m.ffn_mult = "gss", "gss_hybrid", 0
     elif base in ("s4", "s4d", "dss", "dlr", "s5"):
         m.mixer, m.pattern = base, "uniform"
+        # DLR has no step size (its decay rates have their own init range).
+        for key in ("dt_min", "dt_max") if base != "dlr" else ():
+            if getattr(recipe, key) is not None:
+                m[base][key] = getattr(recipe, key)
     else:
         raise ValueError(f"Unknown model {name!r}; known: {MODELS} (+ '-randinit' variants)")
     for k, v in (randinit_overrides(name) or {}).items() if name.endswith("-randinit") else ():
@@ -252,8 +160,12 @@ def set_optim(stage, recipe: Recipe, ssm: bool) -> None:
 
 
 def apply_regime(config, regime: str, *, task: TaskSpec, pretrain_steps: int,
-                 finetune_steps: int) -> None:
-    """Sets stage_order and step budgets of `config` for `regime` (in place)."""
+                 finetune_steps: int, pretrain_batch_ratio: float = 1.0) -> None:
+    """Sets stage_order and step budgets of `config` for `regime` (in place).
+
+    `pretrain_batch_ratio` (pretrain batch / finetune batch) converts the pretraining steps into
+    finetune-batch steps for `scratch-equal-compute`, so the control sees as many examples.
+    """
     if regime not in REGIMES:
         raise ValueError(f"Unknown regime {regime!r}; known: {REGIMES}")
     st = config.stages
@@ -264,7 +176,7 @@ def apply_regime(config, regime: str, *, task: TaskSpec, pretrain_steps: int,
         config.stage_order = ("scratch",)
     elif regime == "scratch-equal-compute":
         config.stage_order = ("scratch",)
-        st.scratch.num_steps = pretrain_steps + finetune_steps
+        st.scratch.num_steps = int(round(pretrain_steps * pretrain_batch_ratio)) + finetune_steps
     else:
         config.stage_order = ("pretrain", "finetune")
         obj = st.pretrain.objective
@@ -304,18 +216,36 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
         set_model(c.model, model, task, recipe)
         if base == "gss-hybrid":
             c.model.attention.n_heads = task.transformer.n_heads
+        steps = {}
         for name in ("pretrain", "finetune", "scratch"):
-            s = c.stages[name]
-            s.batch_size = recipe.batch_size
-            set_optim(s, recipe, ssm=not attention)
-            steps = steps_for(recipe, task.num_train)
-            s.eval_every = s.checkpoint_every = max(1, steps // 50)
-        steps = max(1, int(steps_for(recipe, task.num_train) * scale))
-        apply_regime(c, regime, task=task, pretrain_steps=steps, finetune_steps=steps)
+            s, r = c.stages[name], recipe.stage(name)
+            s.batch_size = r.batch_size
+            set_optim(s, r, ssm=not attention)
+            steps[name] = steps_for(r, task.num_train)
+            s.eval_every = s.checkpoint_every = max(1, steps[name] // 50)
+        scaled = {k: max(1, int(v * scale)) for k, v in steps.items()}
+        apply_regime(c, regime, task=task, pretrain_steps=scaled["pretrain"],
+                     finetune_steps=scaled["finetune"],
+                     pretrain_batch_ratio=recipe.stage("pretrain").batch_size / recipe.batch_size)
+        set_slice(c, task.slice, [recipe.stage(n).batch_size for n in ("pretrain", "finetune")])
         add_compare(c, models=("transformer", "s4"), regimes=("scratch", "spt-masked"),
                     seeds=(0, 1, 2), title=f"{task_name}: {model}, paper sizes")
     c.lock()
     return c
+
+
+def set_slice(config, slice_name: str, batch_sizes) -> None:
+    """Names the TPU slice `config` is sized for and its mesh (config unlocked).
+
+    Data parallelism over every chip (`mesh.data=-1`) unless a stage's global batch does not
+    divide by the chip count (the released batch of 50 on a 4-chip v4-8): then the batch is
+    split over the largest divisor of both and the remaining factor goes to the `tensor` axis.
+    """
+    devices = meshes.expected_device_count(slice_name)
+    data = math.gcd(devices, *[int(b) for b in batch_sizes])
+    config.aot.slice = slice_name
+    config.mesh.data, config.mesh.fsdp = -1, 1
+    config.mesh.tensor = devices // data
 
 
 def add_compare(config, *, models, regimes, seeds, data_fractions=(1.0,), length_factors=(),
@@ -339,9 +269,11 @@ def add_compare(config, *, models, regimes, seeds, data_fractions=(1.0,), length
 
 def tiny(config, *, steps: int = 2, d_model: int = 16, n_layers: int = 1,
          max_length: int = 64) -> ml_collections.ConfigDict:
-    """Shrinks a config in place for tests: sizes, steps, lengths, batch (keeps every choice
-    that selects code: mixer, pattern, encoder, regime, objective)."""
+    """Shrinks a config in place for tests: sizes, steps, lengths, batch, mesh (keeps every choice
+    that selects code: mixer, pattern, encoder, attention kernel, remat, regime, objective)."""
     with config.unlocked():
+        # Data parallelism over whatever devices the test has (paper meshes name a TPU slice).
+        config.mesh.update(data=-1, fsdp=1, tensor=1)
         m = config.model
         m.d_model, m.n_layers = d_model, max(n_layers, 2 if m.pattern == "gss_hybrid" else 1)
         m.attention.n_heads = min(m.attention.n_heads, 2)

@@ -28,29 +28,20 @@ KINDS = ("masked", "causal", "classify", "retrieval")
 TARGETS = ("auto", "tokens", "pixel256", "l1")
 
 
-# Masked-SPT rates of the paper (Amos et al. 2024, appendix) by task name.
-MASK_RATES = {"listops": 0.10, "text": 0.15, "imdb": 0.15, "retrieval": 0.15, "aan": 0.15,
-              "image": 0.50, "cifar": 0.50, "scifar": 0.50, "pathfinder": 0.50, "pathx": 0.50,
-              "speech_commands": 0.25, "sc": 0.25}
-
-
-def objective_config(kind="classify", task=None):
+def objective_config(kind="classify"):
     """Returns the default `config.stages.<name>.objective` for `kind`.
 
     Args:
       kind: masked | causal | classify | retrieval.
-      task: optional task name (a key of `MASK_RATES`) setting the paper's masking rate.
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown objective kind {kind!r}; expected one of {KINDS}")
-    if task is not None and task not in MASK_RATES:
-        raise ValueError(f"No masking rate known for task {task!r}; known: {sorted(MASK_RATES)}")
     c = ml_collections.ConfigDict()
     # masked | causal | classify | retrieval.
     c.kind = kind
-    # Masked SPT: fraction of real positions masked (paper: ListOps .10, Text/Retrieval .15,
-    # Image/Pathfinder/sCIFAR .50, Speech .25; see MASK_RATES).
-    c.mask_rate = MASK_RATES[task] if task is not None else 0.15
+    # Masked SPT: fraction of real positions masked. The paper's per-task rates are set by the
+    # experiment presets (sptlib/paper_presets.py, TaskSpec.mask_rate).
+    c.mask_rate = 0.15
     # Mean length of masked spans; 1 = each position masked independently.
     c.span_length = 1
     # Reconstruction target: auto (tokens for token inputs, pixel256 for continuous) | tokens |

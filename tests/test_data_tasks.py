@@ -1,4 +1,5 @@
-"""Retrieval (AAN) reader, Fashion-MNIST idx files, TFDS-backed tasks on mock data."""
+"""Retrieval (AAN) reader, Fashion-MNIST idx files, TFDS-backed tasks on mock data (Speech
+Commands: tests/test_data_speech_commands.py)."""
 
 import gzip
 import struct
@@ -127,18 +128,6 @@ def test_text_and_cifar_tasks_on_mock_data(tfds_mock):
         task = get_task(cfg)
         assert task.info["max_length"] == 3072
         assert next(task.make_iterator("train", batch_size=2, seed=0))["inputs"].shape == (2, 3072)
-
-
-def test_speech_commands_on_mock_data(tfds_mock):
-    with tfds_mock.testing.mock_data(num_examples=6):
-        cfg = data_config()
-        cfg.update(task="speech_commands", input_type="continuous")
-        task = get_task(cfg)
-        recs = task.source("train")._records
-        b = next(task.make_iterator("train", batch_size=3, seed=0, num_epochs=1))
-        assert b["inputs"].shape == (3, 16000, 1) and b["raw"].max() <= 255
-        lengths = sorted(len(recs[i]["audio"]) for i in range(6))
-        assert all(int(m.sum()) in lengths for m in b["mask"])
 
 
 def test_lra_tfds_builders_match_file_readers(tmp_path):

@@ -83,11 +83,16 @@ def test_every_lra_task_model_regime_config_resolves():
                     assert c.stages.finetune.init_from == "pretrain"
                     assert (c.stages.finetune.num_steps == c.stages.scratch.num_steps)
                     if regime == "spt-masked":
-                        assert c.stages.pretrain.objective.mask_rate == lib.TASKS[task].mask_rate
+                        # Rates: tests/test_config_fidelity.py (against the released configs).
+                        assert c.stages.pretrain.objective.kind == "masked"
                     else:
                         assert c.model.causal
                 elif regime == "scratch-equal-compute":
-                    assert c.stages.scratch.num_steps == 2 * c.stages.finetune.num_steps
+                    # As many training examples as pretraining + finetuning (their batches differ
+                    # where the released pretraining config's does).
+                    pt, ft = c.stages.pretrain, c.stages.finetune
+                    assert c.stages.scratch.num_steps == ft.num_steps + round(
+                        pt.num_steps * pt.batch_size / ft.batch_size)
     # Paper facts spot-checked against DESIGN.md §3.
     c = LRA.get_config("listops,s4,spt-masked")
     assert (c.model.n_layers, c.model.d_model, c.stages.pretrain.objective.mask_rate) == (
@@ -153,7 +158,7 @@ def test_flops_estimate_matches_hand_count():
     """A dense Transformer stage: 6 · N · tokens + 12 · L · d · tokens · layers."""
     c = LRA.get_config("image,transformer,scratch")
     est = lib.estimate_flops(c, "scratch", num_params=1000)
-    tokens = c.stages.scratch.num_steps * 32 * 1024
+    tokens = c.stages.scratch.num_steps * 50 * 1024  # released finetuning batch 50
     assert est["tokens"] == tokens
     assert est["flops"] == pytest.approx(6 * 1000 * tokens + 12 * 1024 * 64 * tokens * 3)
     assert est["tpu_v4_hours"] == pytest.approx(est["flops"] / (275e12 * 0.3) / 3600)

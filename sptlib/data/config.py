@@ -18,12 +18,16 @@ def data_config():
     c.task = "listops"
     # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
     c.lra_dir = "lra_release"
-    # TFDS data directory for TFDS-backed tasks (text, image, scifar, speech_commands) and for the
-    # prepared ArrayRecord copies of the LRA release (source='tfds'); '' = TFDS's default.
+    # Folder of the raw Speech Commands v0.02 release (35 word folders, validation_list.txt,
+    # testing_list.txt; sptlib/data/speech_commands.py).
+    c.speech_commands_dir = "speech_commands_v0.02"
+    # TFDS data directory for TFDS-backed tasks (text, image, scifar) and for the prepared
+    # ArrayRecord copies of the LRA and Speech Commands releases (source='tfds'); '' = TFDS's
+    # default.
     c.tfds_data_dir = ""
-    # Where LRA release tasks are read from: files (parse the release files into memory / decode
-    # PNGs on access) | tfds (prepare an ArrayRecord TFDS dataset once under tfds_data_dir, then
-    # read it with random access). TFDS-backed tasks always use TFDS.
+    # Where LRA release tasks and Speech Commands are read from: files (parse the release files /
+    # decode PNGs and WAVs on access) | tfds (prepare an ArrayRecord TFDS dataset once under
+    # tfds_data_dir, then read it with random access). TFDS-backed tasks always use TFDS.
     c.source = "files"
     # Maximum sequence length (longer examples are truncated and counted); 0 = task default
     # (listops 2000, text 4096, retrieval 4000 per document, image 1024, pathfinder R*R, ...).

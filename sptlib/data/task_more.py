@@ -5,7 +5,8 @@ import os
 
 import numpy as np
 
-from sptlib.data import aan, fashion_mnist, lines, pathfinder, sources, tokenizers
+from sptlib.data import (aan, fashion_mnist, lines, pathfinder, sources, speech_commands,
+                         tokenizers)
 from sptlib.data.tasks import Task, _check_tokens, _info, missing_lra_error, register
 
 # ---------------------------------------------------------------------------------------------
@@ -237,37 +238,19 @@ register("scifar")(lambda cfg: _cifar(cfg, rgb=True))
 
 @register("speech_commands")
 def _speech_commands(cfg):
-    length = int(cfg.max_length) or 16000
+    """SC35 from the raw v0.02 release (sptlib/data/speech_commands.py)."""
+    length = int(cfg.max_length) or speech_commands.LENGTH
+    root = cfg.speech_commands_dir
+    speech_commands.check_root(root)  # a missing or partial release fails before training
+    if cfg.source == "tfds":
+        from sptlib.data import speech_commands_tfds
+        load = lambda split: speech_commands_tfds.source(cfg, split, length)  # noqa: E731
+    else:
+        def load(split):
+            return speech_commands.SpeechCommandsSource(
+                root, speech_commands.list_split(root, split), length, cfg.input_type)
     tokens = cfg.input_type == "tokens"
-
-    def decode(rec):
-        audio = np.asarray(rec["audio"], np.float32)[:length] / 32768.0
-        codes = tokenizers.mu_law_encode(audio)
-        n = len(audio)
-        mask = np.zeros(length, bool)
-        mask[:n] = True
-        if tokens:
-            inputs = np.zeros(length, np.int32)
-            inputs[:n] = codes + tokenizers.vocab.NUM_SPECIAL
-            ex = {"inputs": inputs, "mask": mask}
-        else:
-            inputs = np.zeros((length, 1), np.float32)
-            raw = np.zeros((length, 1), np.int32)
-            inputs[:n, 0] = audio
-            raw[:n, 0] = codes
-            ex = {"inputs": inputs, "mask": mask, "raw": raw}
-        ex["label"] = np.int32(rec["label"])
-        return ex
-
-    def filler():
-        ex = sources.filler_values(cfg.input_type, length, 1)
-        if not tokens:
-            ex["inputs"] = np.zeros((length, 1), np.float32)
-        ex["label"] = np.int32(0)
-        return ex
-
-    load = lambda split: sources.MappedSource(  # noqa: E731
-        _tfds_source("speech_commands", split, cfg), decode, filler)
     info = _info("speech_commands", vocab_size=tokenizers.PIXEL_VOCAB_SIZE if tokens else 0,
-                 num_classes=12, max_length=length, input_type=cfg.input_type)
+                 num_classes=speech_commands.NUM_CLASSES, max_length=length,
+                 input_type=cfg.input_type)
     return Task(cfg, info, load)

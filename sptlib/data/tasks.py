@@ -8,7 +8,7 @@ Task defaults (LRA / the SPT paper):
   scifar           CIFAR-10 RGB, 1024 x 3                  TFDS cifar10
   pathfinder       32 x 32 = 1024, 2 classes              <lra_dir>/pathfinder32/<difficulty>/
   pathx / pathx256 128 x 128 = 16384 / 256 x 256 = 65536   <lra_dir>/pathfinder{128,256}/
-  speech_commands  raw 16 kHz audio, 16000, 12 classes     TFDS speech_commands
+  speech_commands  raw 16 kHz audio, 16000, 35 classes     <speech_commands_dir>/ (SC35, v0.02)
   fashion_mnist    784 (or 196 at resolution 14), 10       /usr/share/datasets/fashion-mnist/
   lines            R x R (default 16 x 16), 4 classes      generated in memory (sptlib/data/lines.py)
 """
