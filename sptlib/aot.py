@@ -228,9 +228,8 @@ def main(argv):
     if importlib.util.find_spec("libtpu") is None:
         print(INSTALL_HINT, file=sys.stderr)
         sys.exit(2)
-    # Compile-only TPU devices come from libtpu's topology API; this process never opens a TPU
-    # (there may be none), and other JAX processes on the machine may hold libtpu's lock file.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # Compile-only TPU devices come from libtpu's topology API (sptlib.topologies); this process
+    # never opens a TPU (there may be none), and skips libtpu's attempt to.
     jax.config.update("jax_platforms", "cpu")
     if _ALL.value:
         configs = paper_configs()

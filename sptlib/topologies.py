@@ -12,6 +12,9 @@ The chip layouts follow MaxText's `accelerator_to_spec_map.py`.
 from __future__ import annotations
 
 import dataclasses
+import os
+
+from jax.experimental import topologies as jax_topologies
 
 from sptlib import meshes
 
@@ -80,11 +83,12 @@ def slice_spec(name: str) -> SliceSpec:
 
 def devices(spec: SliceSpec):
     """The slice's JAX devices, compile-only (from libtpu; no TPU needed on this machine)."""
-    from jax.experimental import topologies  # deferred: loads libtpu
-    desc = topologies.get_topology_desc(platform="tpu", topology_name=spec.topology,
-                                        chip_config_name=spec.chip_config,
-                                        chips_per_host_bounds=spec.chips_per_host,
-                                        num_slices=1)
+    # Other JAX processes on this machine may hold libtpu's lock file; compiling needs no lock.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    desc = jax_topologies.get_topology_desc(platform="tpu", topology_name=spec.topology,
+                                            chip_config_name=spec.chip_config,
+                                            chips_per_host_bounds=spec.chips_per_host,
+                                            num_slices=1)
     devs = list(desc.devices)
     if len(devs) != spec.num_devices:
         raise RuntimeError(f"{spec.name}: libtpu gave {len(devs)} devices for topology "
