@@ -25,6 +25,8 @@ INSTALL_REQUIRES = [
     "scipy",
 ]
 
+LIBTPU = "libtpu==0.0.42.*"
+
 setup(
     name="sptlib",
     version="0.1.0",
@@ -32,7 +34,13 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["sptlib", "sptlib.*"]),
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest", "pytest-xdist", "pytest-timeout"]},
+    extras_require={
+        # libtpu as jax[tpu] pins it for this jax: `python -m sptlib.aot` compiles for TPU slices
+        # with it on any machine; training on TPU VMs uses it too. CPU training never needs it.
+        "tpu": [LIBTPU],
+        # The tests compile PathX steps for a TPU slice (tests/test_aot.py), so they need it.
+        "test": ["pytest", "pytest-xdist", "pytest-timeout", LIBTPU],
+    },
     entry_points={
         "console_scripts": [
             "spt-train=sptlib.main:run",

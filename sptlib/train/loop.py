@@ -95,7 +95,8 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     invocation), `wall_time_total_s` (every invocation of the stage, resumed ones included),
     `train_steps_per_s`, `params_fingerprint` (SHA-256 of the last parameters), `num_params`,
     `init` (how the state was obtained: resume | init_from | random), `history` (validation
-    metrics at every evaluation, `[{"step": s, metric: value}]`).
+    metrics at every evaluation, `[{"step": s, metric: value}]`), `flops_per_step` (one train
+    step on the global batch, `setup.train_step_flops`).
 
     Raises:
       NonFiniteLossError: NaN/inf training loss (the last good checkpoint is kept).
@@ -134,7 +135,8 @@ def train_stage(config, stage_name: str, workdir) -> dict:
                    _evaluator(task, built, local_eval_bs), t_start)
         state = run.train(state, stop)
         results = final_evaluation(run, state)
-        results.update(init=init_info, num_params=built.num_params)
+        results.update(init=init_info, num_params=built.num_params,
+                       flops_per_step=_flops_or_none(built))
         _write_json(stage_dir / RESULTS_FILE, results)
         return results
     finally:
@@ -145,6 +147,15 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         # cost the next run a fallback.
         ckpt.close()
         writer.close()
+
+
+def _flops_or_none(built):
+    """`setup.train_step_flops` for results.json: compute accounting, never fatal."""
+    try:
+        return setup.train_step_flops(built)
+    except Exception as e:  # noqa: BLE001 - an uncounted primitive must not lose a finished run
+        logging.warning("[%s] could not count the train step's FLOPs: %s", built.name, e)
+        return None
 
 
 def _write_config(config, stage_name, stage_dir):

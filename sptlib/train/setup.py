@@ -25,7 +25,7 @@ import optax
 from sptlib import data as data_lib
 from sptlib import models, objectives
 from sptlib.data import tokenizers
-from sptlib.train import optim, sharding, steps
+from sptlib.train import flops, optim, sharding, steps
 
 
 @dataclasses.dataclass
@@ -134,6 +134,18 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
                  objective=objective, model_cfg=model_cfg, model=model, mesh=mesh, rules=rules, optimizer=optimizer,
                  state=state, state_shardings=shardings, example_batch=example_batch,
                  train_step=train_step, eval_step=eval_step)
+
+
+def train_step_flops(built: Stage) -> float:
+    """FLOPs of one train step on the global batch, counted from the traced step with loop trip
+    counts (`sptlib.train.flops`); nothing is compiled or run."""
+    pc = 1 if isinstance(built.state.step, jax.ShapeDtypeStruct) else jax.process_count()
+    batch = {k: jax.ShapeDtypeStruct((v.shape[0] * pc,) + tuple(v.shape[1:]), v.dtype)
+             for k, v in built.example_batch.items()}
+    # Shapes only: the state's buffers may have been donated to a train step since.
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         built.state, built.state_shardings)
+    return flops.step_flops(built.train_step, state, batch)
 
 
 def batch_shapes(info, batch_size: int, length: int = 0, sharding=None) -> dict:

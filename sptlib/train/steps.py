@@ -161,7 +161,7 @@ def abstract_train_state(model, optimizer, example_batch, mesh, rules, objective
     state_shardings, make_state = _state_shardings_and_init(model, optimizer, example_batch,
                                                             mesh, rules, objective)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        shapes = jax.eval_shape(make_state, jax.random.PRNGKey(0))
+        shapes = jax.eval_shape(make_state, jax.ShapeDtypeStruct((2,), jnp.uint32))
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                          shapes, state_shardings)
     return state, state_shardings
@@ -217,7 +217,8 @@ def make_train_step(model, objective, optimizer, mesh, state_shardings, rules, *
             return jitted(state, batch)
 
     train_step.jitted = jitted
-    train_step.lower = _lower_in_context(jitted, mesh, rules)
+    train_step.lower = _in_context(jitted.lower, mesh, rules)
+    train_step.trace = _in_context(jitted.trace, mesh, rules)
     return train_step
 
 
@@ -245,19 +246,21 @@ def make_eval_step(model, objective, mesh, state_shardings, rules, *, compiler_o
             return jitted(state, batch)
 
     eval_step.jitted = jitted
-    eval_step.lower = _lower_in_context(jitted, mesh, rules)
+    eval_step.lower = _in_context(jitted.lower, mesh, rules)
+    eval_step.trace = _in_context(jitted.trace, mesh, rules)
     return eval_step
 
 
-def _lower_in_context(jitted, mesh, rules):
-    """`jitted.lower(...)` under the step's mesh and logical rules (arguments may be abstract
-    `ShapeDtypeStruct`s with shardings: `.lower(state, batch).compile()` compiles ahead of time)."""
+def _in_context(method, mesh, rules):
+    """`jitted.lower` / `jitted.trace` under the step's mesh and logical rules. Arguments may be
+    abstract `ShapeDtypeStruct`s with shardings: `.lower(state, batch).compile()` compiles ahead
+    of time, also for devices this host does not have."""
 
-    def lower(*args):
+    def call(*args):
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-            return jitted.lower(*args)
+            return method(*args)
 
-    return lower
+    return call
 
 
 def _host_array(x):

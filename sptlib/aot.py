@@ -1,0 +1,262 @@
+r"""Compile a config's train and eval steps for a TPU slice on this machine (no TPU needed).
+
+    python -m sptlib.aot --config=experiments/lra.py:pathx,transformer,spt-masked --topology=v4-32
+    python -m sptlib.aot --all --markdown          # every paper config, each at its config's slice
+
+For each stage, `sptlib.train.setup.build_stage` builds the stage exactly as training does (model,
+objective, optimizer, mesh, logical rules, shardings, state donation), but abstractly
+(`ShapeDtypeStruct`s, nothing allocated) on the devices of the named slice, taken from libtpu's
+topology description; XLA then compiles the real train step and eval step for those TPUs. The
+compile reports what the pod would see: memory per chip (arguments, temporaries, outputs, the
+aliased i.e. donated bytes) against the chip's HBM, or the out-of-memory error itself. FLOPs per
+step are counted from the traced step with every loop's trip count (`sptlib.train.flops`; XLA's
+own count, which sees a loop body once, is kept as `xla_flops`). Chip-hours of a stage =
+steps × FLOPs per step / (peak bf16 FLOP/s per chip × `--mfu`).
+
+Exit status: 0 when every stage fits, 1 otherwise (one line per failing stage on stderr, naming
+the config, the stage, bytes per chip, the HBM and what to change), 2 without libtpu (install
+it with `pip install -e '.[tpu]'`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from sptlib import experiments_lib, topologies
+from sptlib.train import flops, setup
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INSTALL_HINT = ("sptlib.aot needs libtpu to compile for TPUs (this machine needs no TPU): "
+                "pip install -e '.[tpu]'  (or: pip install 'libtpu==0.0.42.*')")
+# The paper grid of `--all`: experiment file, its argument prefix, tasks (None: no task slot).
+PAPER_GRID = (("lra.py", ("listops", "text", "retrieval", "image", "pathfinder", "pathx",
+                          "pathx256")),
+              ("scifar.py", (None,)), ("speech_commands.py", (None,)))
+PAPER_MODELS = ("transformer", "s4")
+PAPER_REGIME = "spt-masked"  # pretrain + finetune; scratch compiles to the finetune step
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config (experiments/X.py[:arg]); override fields with "
+    "--config.a.b=value.", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", "", "TPU slice, e.g. v4-32, v5e-16, v5p-8; "
+                                "default: the config's aot.slice.")
+_STAGE = flags.DEFINE_string("stage", "", "Compile only this stage (default: every stage).")
+_ALL = flags.DEFINE_bool("all", False, "Every paper config: each LRA task (PathX-256 "
+                         "included), sCIFAR and Speech Commands x Transformer and S4, each stage.")
+_JSON = flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
+_MARKDOWN = flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
+_MFU = flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
+
+
+class DoesNotFit(Exception):
+    """A stage does not compile for (or fit) its slice; the message is one line."""
+
+
+def paper_configs():
+    """[(name, config)] of the paper grid (see PAPER_GRID)."""
+    out = []
+    for file, tasks in PAPER_GRID:
+        module = experiments_lib.load_module(os.path.join(REPO_ROOT, "experiments", file))
+        for task in tasks:
+            for model in PAPER_MODELS:
+                arg = ",".join(x for x in (task, model, PAPER_REGIME) if x)
+                out.append((f"{file}:{arg}", module.get_config(arg)))
+    return out
+
+
+def _gib(n):
+    return n / topologies.GIB
+
+
+def _advice(config, stage, spec, mesh_batch):
+    """What to change when a stage does not fit (one clause per applicable fix)."""
+    m, fixes = config.model, []
+    uses_attention = m.mixer == "attention" or m.pattern == "gss_hybrid"
+    if uses_attention and m.attention.impl == "plain":
+        fixes.append("local or chunked attention (config.model.attention.impl='local' with "
+                     "attention.window, or 'chunked')")
+    if not m.remat:
+        fixes.append("rematerialisation (config.model.remat=True)")
+    per_chip = int(stage.batch_size) // max(1, mesh_batch)
+    if per_chip > 1:
+        fixes.append(f"a smaller per-chip batch (now {per_chip}: stages.<stage>.batch_size or "
+                     f"gradient accumulation)")
+    fixes.append(f"a larger slice than {spec.name} (--topology / config.aot.slice)")
+    return "; ".join(fixes)
+
+
+def _memory(compiled):
+    ma = compiled.memory_analysis()
+    rec = {"argument_bytes": int(ma.argument_size_in_bytes),
+           "temp_bytes": int(ma.temp_size_in_bytes),
+           "output_bytes": int(ma.output_size_in_bytes),
+           "alias_bytes": int(ma.alias_size_in_bytes),
+           "code_bytes": int(ma.generated_code_size_in_bytes)}
+    # Donated (aliased) outputs reuse their arguments' buffers.
+    rec["total_bytes"] = (rec["argument_bytes"] + rec["temp_bytes"] + rec["output_bytes"]
+                          - rec["alias_bytes"] + rec["code_bytes"])
+    return rec
+
+
+def compile_stage(name, config, stage_name, spec, devices, mfu):
+    """The record of one stage (see the module docstring); raises DoesNotFit."""
+    stage = config.stages[stage_name]
+    where = f"{name} stage {stage_name} on {spec.name}"
+    t0 = time.perf_counter()
+    try:
+        built = setup.build_stage(config, stage_name, info=setup.offline_task_info(config.data),
+                                  devices=devices, abstract=True)
+    except ValueError as e:  # mesh sizes vs the slice's devices
+        raise DoesNotFit(f"{where}: {e}") from None
+    mesh_batch = built.mesh.shape["data"] * built.mesh.shape["fsdp"]
+    for field in ("batch_size", "eval_batch_size"):
+        if stage[field] and stage[field] % mesh_batch:
+            raise DoesNotFit(
+                f"{where}: stages.{stage_name}.{field}={stage[field]} does not divide over the "
+                f"{mesh_batch} data-parallel chips (mesh {dict(built.mesh.shape)}); use a "
+                f"multiple of {mesh_batch} or another config.mesh")
+    eval_batch = setup.batch_shapes(built.info, int(stage.eval_batch_size or stage.batch_size),
+                                    sharding=built.example_batch["mask"].sharding)
+    rec = {"config": name, "stage": stage_name, "slice": spec.name, "chips": spec.num_devices,
+           "mesh": dict(built.mesh.shape), "batch_size": int(stage.batch_size),
+           "objective": stage.objective.kind, "task": config.data.task,
+           "model": config.model.mixer, "steps": int(stage.num_steps),
+           "hbm_bytes": spec.hbm_bytes, "num_params": built.num_params}
+    for kind, step, batch in (("train", built.train_step, built.example_batch),
+                              ("eval", built.eval_step, eval_batch)):
+        try:
+            compiled = step.lower(built.state, batch).compile()
+        except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error
+            msg = str(e)
+            if "RESOURCE_EXHAUSTED" not in msg and "Ran out of memory" not in msg:
+                raise
+            need = re.search(r"\(([\d.]+[KMGT]?)\) exceeds", msg)
+            raise DoesNotFit(
+                f"{where}: the {kind} step needs {need.group(1) if need else 'more'} bytes "
+                f"per chip, more than the {_gib(spec.hbm_bytes):.0f} GiB HBM of a "
+                f"{spec.generation} chip; use {_advice(config, stage, spec, mesh_batch)}") \
+                from None
+        mem = _memory(compiled)
+        if kind == "train":
+            rec.update(mem)
+            rec["flops_per_step"] = flops.step_flops(step, built.state, batch)
+            cost = compiled.cost_analysis()
+            rec["xla_flops"] = float(cost.get("flops", 0.0)) * spec.num_devices if cost else None
+        else:
+            rec["eval_total_bytes"] = mem["total_bytes"]
+    rec["compile_s"] = round(time.perf_counter() - t0, 1)
+    rec["chip_hours"] = (rec["steps"] * rec["flops_per_step"]
+                         / (spec.peak_flops * mfu) / 3600.0)
+    rec["mfu"] = mfu
+    worst = max(rec["total_bytes"], rec["eval_total_bytes"])
+    rec["fits"] = worst <= spec.hbm_bytes
+    if not rec["fits"]:
+        raise DoesNotFit(
+            f"{where}: {_gib(worst):.1f} GiB per chip (arguments {_gib(rec['argument_bytes']):.1f},"
+            f" temporaries {_gib(rec['temp_bytes']):.1f}) > {_gib(spec.hbm_bytes):.0f} GiB HBM; "
+            f"use {_advice(config, stage, spec, mesh_batch)}")
+    return rec
+
+
+def format_row(r) -> str:
+    return (f"{r['config']:<45} {r['stage']:<9} {r['slice']:<7} "
+            f"{_gib(r['total_bytes']):6.1f}/{_gib(r['hbm_bytes']):.0f} GiB "
+            f"(args {_gib(r['argument_bytes']):.2f}, temp {_gib(r['temp_bytes']):.2f}, "
+            f"out {_gib(r['output_bytes']):.2f}, aliased {_gib(r['alias_bytes']):.2f}; "
+            f"eval {_gib(r['eval_total_bytes']):.1f}) {r['flops_per_step'] / 1e12:8.2f} TFLOP/step "
+            f"{r['steps']:>8} steps {r['chip_hours']:8.1f} chip-h  compile {r['compile_s']:.0f} s")
+
+
+def markdown(records, mfu) -> str:
+    """The docs/reproducing.md table: one row per task x model x stage."""
+    lines = [f"| task | model | stage | slice | memory/chip / HBM | step FLOPs | steps | "
+             f"TPU chip-hours at {mfu:.0%} MFU |", "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {r['config']} | | {r['stage']} | {r.get('slice', '')} | "
+                         f"does not fit: {r['error']} | | | |")
+            continue
+        lines.append(f"| {r['task']} | {r['model']} | {r['stage']} | {r['slice']} | "
+                     f"{_gib(max(r['total_bytes'], r['eval_total_bytes'])):.1f} / "
+                     f"{_gib(r['hbm_bytes']):.0f} GiB | {r['flops_per_step']:.3g} | "
+                     f"{r['steps']:,} | {r['chip_hours']:,.0f} |")
+    return "\n".join(lines)
+
+
+def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None):
+    """Compiles every stage of every `(name, config)`; returns (records, failure lines)."""
+    warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+    records, failures, device_cache = [], [], {}
+    for name, config in configs:
+        slice_name = topology or config.aot.slice
+        if not slice_name:
+            failures.append(f"{name}: no TPU slice: pass --topology or set config.aot.slice")
+            warn(failures[-1])
+            continue
+        spec = topologies.slice_spec(slice_name)
+        if spec.name not in device_cache:
+            device_cache[spec.name] = topologies.devices(spec)
+        stages = [stage_only] if stage_only else list(config.stage_order)
+        for stage_name in stages:
+            if stage_name not in config.stages:
+                raise ValueError(f"{name}: no stage {stage_name!r}; stages: "
+                                 f"{sorted(config.stages)}")
+            try:
+                rec = compile_stage(name, config, stage_name, spec, device_cache[spec.name], mfu)
+                emit(format_row(rec))
+            except DoesNotFit as e:
+                rec = {"config": name, "stage": stage_name, "slice": spec.name,
+                       "error": str(e), "fits": False}
+                failures.append(str(e))
+                warn(str(e))
+            records.append(rec)
+    return records, failures
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if importlib.util.find_spec("libtpu") is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        sys.exit(2)
+    # Compile-only TPU devices come from libtpu's topology API (sptlib.topologies); this process
+    # never opens a TPU (there may be none), and skips libtpu's attempt to.
+    jax.config.update("jax_platforms", "cpu")
+    if _ALL.value:
+        configs = paper_configs()
+    elif _CONFIG.value is not None:
+        configs = [(_config_name(), _CONFIG.value)]
+    else:
+        raise app.UsageError("pass --config=experiments/X.py[:arg] or --all")
+    try:
+        if _TOPOLOGY.value:
+            topologies.slice_spec(_TOPOLOGY.value)  # a bad name fails before any compile
+        records, failures = run(configs, topology=_TOPOLOGY.value, stage_only=_STAGE.value,
+                                mfu=_MFU.value)
+    except ValueError as e:
+        print(f"sptlib.aot: {e}", file=sys.stderr)
+        sys.exit(1)
+    if _MARKDOWN.value:
+        print(markdown(records, _MFU.value))
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            json.dump(records, f, indent=2, sort_keys=True)
+    sys.exit(1 if failures else 0)
+
+
+def _config_name():
+    """`lra.py:pathx,transformer,spt-masked` from the --config flag (path shortened)."""
+    return os.path.basename(config_flags.get_config_filename(flags.FLAGS["config"]))
+
+
+if __name__ == "__main__":
+    app.run(main)
