@@ -279,6 +279,51 @@ def test_init_from_incompatible_model_names_first_mismatch(pretrained, change):
     assert "does not fit the model" in str(e.value)
 
 
+def test_batchnorm_statistics_are_carried_from_pretrain_into_finetune(tmp_path):
+    """Every S4 LRA preset uses BatchNorm: its running statistics (model state, not params) must
+    reach the finetuned model. Truth: the statistics read back from the file; they are made
+    unlike a fresh init (mean 0, var 1) so that a silent skip cannot pass."""
+    cfg = _model_cfg(norm="batch")
+    state, _ = _init(cfg, PRETRAIN_HEAD, seed=1)
+    r = np.random.default_rng(0)
+    stats = jax.tree.map(lambda x: jnp.asarray(r.normal(size=x.shape) ** 2 + 0.5, x.dtype),
+                         state.model_state)
+    assert jax.tree.leaves(stats), "a batch-norm model has batch_stats"
+    ck = ckpt_lib.StageCheckpointer(tmp_path / "ck", keep=1)
+    ck.save(3, state.replace(model_state=stats), None)
+    ck.close()
+    fresh, _ = _init(cfg, FINETUNE_HEAD, seed=2)
+    _, model_state, report = ckpt_lib.load_pretrained(tmp_path / "ck" / "3", fresh.params,
+                                                      fresh.model_state, dont_load=("^head/",))
+    from_file = _read_file_arrays(tmp_path / "ck" / "3")["model_state"]
+    assert _tree_equal(model_state, from_file) and _tree_equal(model_state, stats)
+    assert not _tree_equal(model_state, fresh.model_state)
+    n_stats = len(jax.tree.leaves(stats))
+    assert sum(p.startswith("model_state/batch_stats/") for p in report["loaded"]) == n_stats
+
+
+def test_weight_verification_catches_a_wrong_placement(pretrained, monkeypatch):
+    """The bitwise read-back after loading fires when what sits in the model is not the file's
+    (simulated: one tensor comes back off by one ulp from placement)."""
+    fresh, _ = _init(_model_cfg(), FINETUNE_HEAD, seed=2)
+    real = ckpt_lib.to_host
+    calls = []
+
+    def off_by_one_ulp(x):
+        out = np.array(real(x))
+        if not calls and out.dtype == np.float32 and out.size:
+            out.flat[0] = np.nextafter(out.flat[0], np.float32(np.inf))
+        calls.append(1)
+        return out
+
+    monkeypatch.setattr(ckpt_lib, "to_host", off_by_one_ulp)
+    with pytest.raises(RuntimeError, match="differs from the checkpoint file"):
+        ckpt_lib.load_pretrained(pretrained, fresh.params, fresh.model_state,
+                                 dont_load=("^head/",))
+    monkeypatch.setattr(ckpt_lib, "to_host", real)  # and the same load passes unpatched
+    ckpt_lib.load_pretrained(pretrained, fresh.params, fresh.model_state, dont_load=("^head/",))
+
+
 def test_unknown_config_keys_are_errors():
     c = config_lib.base_config()
     with pytest.raises(AttributeError):

@@ -1,4 +1,5 @@
-"""The comparison runner and report, with a fake trainer injected (plus one real tiny run)."""
+"""The comparison runner and report: a fake trainer for the bookkeeping, plus one real tiny
+comparison (the real trainer, 2 runs, length generalisation at 2x)."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import textwrap
 import pytest
 
 from sptlib import compare
+from sptlib import errors
 from sptlib import report
 
 # A minimal experiment file: the runner needs only stage_order, stages.<s>.objective.kind,
@@ -199,5 +201,83 @@ def test_shards_split_the_grid_and_the_report_merges_them(experiment, tmp_path):
     assert final.calls == [] and len(records) == 12
     assert "| m1 | 52.0 ± 5.0 (3) | 82.0 ± 5.0 (3) |" in open(paths["markdown"]).read()
     for bad in ("2/2", "1", "a/b", "0/0"):
-        with pytest.raises(ValueError, match="--shard"):
+        with pytest.raises(errors.ConfigError, match="--shard"):
             compare.parse_shard(bad)
+
+
+# One real tiny comparison: the real trainer (sptlib.pipeline.run), 2 runs, length at 2x.
+_REAL = textwrap.dedent('''
+    from experiments import smoke
+    from sptlib import experiments_lib as lib
+
+    POSITIONAL = ("model", "regime")
+
+    def get_config(arg=""):
+        lib.parse_arg(arg, POSITIONAL)
+        c = smoke.get_config()
+        c.data.lra_dir = {lra!r}
+        c.data.max_length = 48
+        c.model.d_model = 16
+        c.stage_order = ("scratch",)
+        s = c.stages.scratch
+        s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 4, 2, 2, 2
+        s.batch_size, s.eval_batch_size = 8, 16
+        with c.unlocked():
+            lib.add_compare(c, models=("attention",), regimes=("scratch",), seeds=(0, 1),
+                            length_factors=(2,), title="real")
+        return c
+''')
+
+
+def test_one_real_tiny_comparison_end_to_end(tmp_path):
+    path = tmp_path / "real.py"
+    path.write_text(_REAL.format(lra=str(tmp_path / "lra")))
+    wd = str(tmp_path / "cmp")
+    base, specs = compare.expand(str(path), {}, workdir=wd)
+    assert [(s.model, s.regime, s.seed) for s in specs] == [("attention", "scratch", 0),
+                                                            ("attention", "scratch", 1)]
+    records, paths = compare.run_comparison(specs, wd, length_factors=base.compare.length_factors,
+                                            log=lambda s: None)
+    assert [r["status"] for r in records] == ["finished", "finished"]
+    prints = set()
+    for spec, rec in zip(specs, records):
+        own = json.loads(open(os.path.join(spec.workdir, "scratch", "results.json")).read())
+        # The record is the run's own best-checkpoint test accuracy, not the last one's.
+        assert rec["test_accuracy"] == own["test"]["best"]["accuracy"]
+        assert rec["stages"]["scratch"]["steps"] == 4
+        prints.add(own["params_fingerprint"])
+        cached = json.loads(open(os.path.join(spec.workdir, "length_generalization.json")).read())
+        assert set(cached) == {"2x"} and rec["length_generalization"] == cached
+    assert len(prints) == 2  # two seeds, two different models
+    assert "attention" in open(paths["markdown"]).read()
+
+    # Rerun: nothing trains, the length cache answers, a new factor is computed on its own.
+    asked = []
+
+    def length_fn(config, workdir, factor):
+        asked.append(factor)
+        return 0.25
+
+    records, _ = compare.run_comparison(specs, wd, length_factors=[2.0, 3.0],
+                                        run_fn=lambda *a: pytest.fail("trained again"),
+                                        length_eval_fn=length_fn, log=lambda s: None)
+    assert asked == [3.0, 3.0]
+    assert all(r["length_generalization"]["3x"] == 0.25 for r in records)
+    assert [r["length_generalization"]["2x"] for r in records] == \
+        [c["2x"] for c in (json.loads(open(os.path.join(s.workdir,
+                                                        "length_generalization.json")).read())
+                           for s in specs)]
+
+
+def test_length_cache_never_stores_an_empty_result(experiment, tmp_path):
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(experiment, {}, workdir=wd, seeds=[0], models=["m1"],
+                              regimes=["scratch"])
+
+    def refuse(config, workdir, factor):
+        raise ValueError("no longer inputs for this model")
+
+    records, _ = compare.run_comparison(specs, wd, run_fn=FakeTrainer(), length_factors=[2.0],
+                                        length_eval_fn=refuse, log=lambda s: None)
+    assert records[0]["length_generalization"] == {}
+    assert not os.path.exists(os.path.join(specs[0].workdir, "length_generalization.json"))

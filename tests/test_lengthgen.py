@@ -2,10 +2,16 @@
 
 import json
 import os
+import shutil
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from sptlib import experiments_lib, lengthgen, pipeline
+from sptlib.data import listops
+from sptlib.train import checkpoint as ckpt_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,8 +56,40 @@ def test_longer_inputs_are_read_untruncated(finished_run):
     longer = data_lib.get_task(long_cfg.data)
     short.source("test"), longer.source("test")
     assert longer.num_truncated["test"] < short.num_truncated["test"]
-    acc = lengthgen.evaluate(config, workdir, 2.0)
-    assert 0.0 <= acc <= 1.0
+
+
+def _constant_classifier(workdir, copy_to, cls):
+    """A copy of the run whose only checkpoint predicts class `cls` for every input: the head's
+    kernel is zero and its bias one-hot (the rest of the state is the run's own)."""
+    shutil.copytree(workdir, copy_to)
+    ck_dir = copy_to / "scratch" / "checkpoints"
+    step = ckpt_lib.resolve_init_checkpoint("scratch", copy_to, "best")
+    meta = ckpt_lib.saved_tree(step)
+    item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
+    with ocp.PyTreeCheckpointer() as c:
+        tree = c.restore(step / "state", args=ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item)))
+    logits = tree["params"]["head"]["logits"]
+    logits["kernel"] = np.zeros_like(logits["kernel"])
+    logits["bias"] = 5.0 * np.eye(logits["bias"].shape[0], dtype=logits["bias"].dtype)[cls]
+    for p in ck_dir.iterdir():
+        shutil.rmtree(p)
+    ck = ckpt_lib.StageCheckpointer(ck_dir, async_saves=False)
+    ck.save(6, tree, None, metrics={"accuracy": 0.0, "score": 0.0})
+    ck.close()
+
+
+def test_factor_two_on_a_model_with_a_known_answer(finished_run, tmp_path):
+    """A classifier that ignores its input scores exactly the share of its class among the test
+    labels, at any length: the 2x evaluation must read the whole test split, labels aligned."""
+    config, workdir = finished_run
+    _, labels = listops.read_split(listops.split_path(config.data.lra_dir, "test"))
+    cls = int(np.bincount(labels).argmax())
+    _constant_classifier(workdir, tmp_path / "const", cls)
+    expected = float(np.mean(labels == cls))
+    assert 0.0 < expected < 1.0
+    assert lengthgen.evaluate(config, tmp_path / "const", 2.0) == pytest.approx(expected,
+                                                                                abs=1e-6)
 
 
 def test_fixed_length_task_and_learned_positions_are_refused(finished_run):
