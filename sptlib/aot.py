@@ -52,6 +52,8 @@ _TOPOLOGY = flags.DEFINE_string("topology", "", "TPU slice, e.g. v4-32, v5e-16, 
 _STAGE = flags.DEFINE_string("stage", "", "Compile only this stage (default: every stage).")
 _ALL = flags.DEFINE_bool("all", False, "Every paper config: each LRA task (PathX-256 "
                          "included), sCIFAR and Speech Commands x Transformer and S4, each stage.")
+_MATCH = flags.DEFINE_string("match", "", "With --all: only configs whose name (e.g. "
+                             "'lra.py:pathx,s4,spt-masked') matches this regular expression.")
 _JSON = flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
 _MARKDOWN = flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
 _MFU = flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
@@ -240,7 +242,7 @@ def main(argv):
     # never opens a TPU (there may be none), and skips libtpu's attempt to.
     jax.config.update("jax_platforms", "cpu")
     if _ALL.value:
-        configs = paper_configs()
+        configs = [(n, c) for n, c in paper_configs() if re.search(_MATCH.value, n)]
     elif _CONFIG.value is not None:
         configs = [(_config_name(), _CONFIG.value)]
     else:
