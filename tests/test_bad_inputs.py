@@ -143,7 +143,26 @@ IN_PROCESS = [
     ("workdir under a file", _file_workdir("sub"), "cannot write there"),
     ("missing lra_dir", _no_data, "expected listops-1000/basic_train.tsv under lra_dir="),
     ("unknown task", _data(task="listopz"), "config.data: unknown task 'listopz'"),
+    ("negative max_length", _data(max_length=-5), "config.data.max_length=-5: must be >= 0"),
+    ("objective kind typo", _pretrain(kind="maskd"),
+     "config.stages.pretrain.objective.kind='maskd': expected one of"),
+    ("mixer typo", lambda lra, tmp: (_model(_config(lra), mixer="s4dd"), tmp / "wd"),
+     "config.model.mixer='s4dd': expected one of"),
+    ("d_model 0", lambda lra, tmp: (_model(_config(lra), d_model=0), tmp / "wd"),
+     "config.model.d_model=0: must be >= 1"),
+    ("negative learning rate", lambda lra, tmp: (_optim(_config(lra), lr=-1.0), tmp / "wd"),
+     "config.stages.scratch.optim.lr=-1.0: must be >= 0"),
 ]
+
+
+def _model(c, **model):
+    c.model.update(model)
+    return c
+
+
+def _optim(c, **optim):
+    c.stages.scratch.optim.update(optim)
+    return c
 
 
 @pytest.mark.parametrize("name,make,needle", IN_PROCESS, ids=[r[0] for r in IN_PROCESS])
@@ -249,6 +268,12 @@ def test_compare_flags_name_the_flag(flag, values, kind, bounds, needle):
     with pytest.raises(errors.ConfigError) as e:
         compare.parse_numbers(flag, values, kind, **bounds)
     assert needle in str(e.value)
+
+
+def test_compare_unknown_model_names_the_flag(tmp_path):
+    with pytest.raises(errors.ConfigError, match="--models .*model 'nosuch'"):
+        compare.expand(str(ROOT / "experiments" / "quickstart.py"), {}, workdir=str(tmp_path),
+                       models=["nosuch"])
 
 
 @pytest.mark.parametrize("text", ["2/2", "a/b", "1", "-1/3", "0/0"])
