@@ -39,8 +39,11 @@ FULL_PROBE = 20000
 IDENTITY = ("model", "data.task", "data.input_type", "data.max_length")
 
 
-def check(config, workdir) -> None:
-    """Runs every check below; raises the first failure (a `SptlibError`)."""
+def check(config, workdir) -> dict:
+    """Runs every check below; raises the first failure (a `SptlibError`).
+
+    Returns the data's counted skips for the run's summary: `{"examples": {split: n},
+    "truncated": {split: n}, "empty_images": n}`."""
     check_workdir(workdir)
     check_model(config.model)
     for name in config.stage_order:
@@ -49,7 +52,7 @@ def check(config, workdir) -> None:
         check_optim(config, name)
     check_batch_sizes(config)
     check_saved_configs(config, workdir)
-    check_data(config)
+    return check_data(config)
 
 
 def check_workdir(workdir) -> None:
@@ -230,7 +233,7 @@ def _probe(task, split, where) -> int:
     return n
 
 
-def check_data(config) -> None:
+def check_data(config) -> dict:
     """Every split of `config.data` is readable and non-empty (see the module docstring)."""
     _at_least("config.data.max_length", config.data.max_length, 0)
     where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
@@ -241,6 +244,8 @@ def check_data(config) -> None:
         raise
     except ValueError as e:  # the data builders' own checks (task, input_type, fraction, ...)
         raise ConfigError(f"config.data: {e}") from e
-    empty = getattr(task.source("train"), "num_empty", 0)
-    logging.info("preflight: %s splits %s%s read.", config.data.task, counts,
-                 f" ({empty} empty images skipped)" if empty else "")
+    empty = int(getattr(task.source("train"), "num_empty", 0))
+    logging.info("preflight: %s splits %s read; truncated at max_length: %s%s.",
+                 config.data.task, counts, task.num_truncated,
+                 f"; {empty} empty images skipped" if empty else "")
+    return {"examples": counts, "truncated": dict(task.num_truncated), "empty_images": empty}
