@@ -20,7 +20,7 @@ import pytest
 
 from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
 from sptlib import compare, errors, pipeline
-from sptlib.data import listops
+from sptlib.data import listops, pathfinder
 from sptlib.data import __main__ as data_cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -179,6 +179,43 @@ def test_rejected_before_training(name, make, needle, lra, tmp_path):
     assert_nothing_lost(before, tmp_path)
     # Nothing was trained: no checkpoint, no stage results anywhere.
     assert not list(tmp_path.rglob("checkpoints")) and not list(tmp_path.rglob("results.json"))
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pf")
+    pathfinder.generate_release(str(out), resolution=8, num=20, seed=0, contour_length=14)
+    return out
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("corrupt", "cannot decode PNG"),
+    ("wrong size", "image is (9, 9), expected (8, 8)"),
+])
+def test_bad_image_in_the_eval_split_is_found_before_training(images, tmp_path, damage,
+                                                              needle):
+    """The issue: a corrupt or wrong-size PNG of the test split crashed after training."""
+    data = tmp_path / "lra"
+    shutil.copytree(images, data)
+    folder = data / "pathfinder8" / "curv_contour_length_14"
+    # Image 18 of 20 is in the test split (the last 10%); its metadata line is 19.
+    png = folder / "imgs" / "0" / "sample_18.png"
+    if damage == "corrupt":
+        png.write_bytes(b"\x89PNG garbage")
+    else:
+        from PIL import Image
+        Image.new("L", (9, 9)).save(png)
+    c = _config(data)
+    c.data.update(task="pathfinder", resolution=8, difficulty="curv_contour_length_14")
+    c.data.generate.enabled = False
+    c.model.encoder = "token"
+    before = snapshot(tmp_path)
+    with pytest.raises(errors.DataError) as e:
+        pipeline.run(c, str(tmp_path / "wd"))
+    line = errors.one_line(e.value)
+    assert "sample_18.png" in line and needle in line and "0.npy:19" in line, line
+    assert_nothing_lost(before, tmp_path)
+    assert not list(tmp_path.rglob("checkpoints"))
 
 
 def test_changed_model_stops_and_keeps_every_checkpoint(finished, lra, tmp_path):
