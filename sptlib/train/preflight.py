@@ -169,7 +169,7 @@ def check_batch_sizes(config) -> None:
             if value % n:
                 raise ConfigError(
                     f"{key}={value}: the batch is split over {n} devices (mesh axes "
-                    f"{'x'.join(axes)} of config.mesh, {jax.device_count()} devices in all); use "
+                    f"{', '.join(axes)} of config.mesh, {jax.device_count()} devices in all); use "
                     f"a multiple of {n}{' (0 = batch_size)' if field == 'eval_batch_size' else ''}")
 
 
