@@ -146,12 +146,3 @@ def report(e: BaseException, prog: str, *, verbose=None, stream=None) -> int:
     stream.flush()
     return exit_code(e)
 
-
-def run_cli(main, prog: str, *args, **kwargs):
-    """Calls `main(*args, **kwargs)`; a `SptlibError` becomes one line and `sys.exit(code)`.
-
-    Other exceptions propagate with their traceback (they are bugs, not bad input)."""
-    try:
-        return main(*args, **kwargs)
-    except SptlibError as e:
-        sys.exit(report(e, prog))
