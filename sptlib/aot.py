@@ -52,6 +52,8 @@ _TOPOLOGY = flags.DEFINE_string("topology", "", "TPU slice, e.g. v4-32, v5e-16, 
 _STAGE = flags.DEFINE_string("stage", "", "Compile only this stage (default: every stage).")
 _ALL = flags.DEFINE_bool("all", False, "Every paper config: each LRA task (PathX-256 "
                          "included), sCIFAR and Speech Commands x Transformer and S4, each stage.")
+_MATCH = flags.DEFINE_string("match", "", "With --all: only configs whose name (e.g. "
+                             "'lra.py:pathx,s4,spt-masked') matches this regular expression.")
 _JSON = flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
 _MARKDOWN = flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
 _MFU = flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
@@ -77,9 +79,9 @@ def _gib(n):
     return n / topologies.GIB
 
 
-def _advice(config, stage, spec, mesh_batch):
+def _advice(config, stage_name, spec, mesh_batch):
     """What to change when a stage does not fit (one clause per applicable fix)."""
-    m, fixes = config.model, []
+    m, fixes, stage = config.model, [], config.stages[stage_name]
     uses_attention = m.mixer == "attention" or m.pattern == "gss_hybrid"
     if uses_attention and m.attention.impl == "plain":
         fixes.append("local or chunked attention (config.model.attention.impl='local' with "
@@ -88,10 +90,18 @@ def _advice(config, stage, spec, mesh_batch):
         fixes.append("rematerialisation (config.model.remat=True)")
     per_chip = int(stage.batch_size) // max(1, mesh_batch)
     if per_chip > 1:
-        fixes.append(f"a smaller per-chip batch (now {per_chip}: stages.<stage>.batch_size or "
-                     f"gradient accumulation)")
+        fixes.append(f"a smaller per-chip batch (now {per_chip}: "
+                     f"stages.{stage_name}.batch_size)")
     fixes.append(f"a larger slice than {spec.name} (--topology / config.aot.slice)")
     return "; ".join(fixes)
+
+
+def _xla_bytes(match):
+    """XLA's '246.11G' (binary units) as '246.11 GiB'."""
+    if not match:
+        return "more"
+    n = match.group(1)
+    return f"{n[:-1]} {n[-1]}iB" if n[-1] in "KMGT" else f"{n} bytes"
 
 
 def _memory(compiled):
@@ -141,9 +151,9 @@ def compile_stage(name, config, stage_name, spec, devices, mfu):
                 raise
             need = re.search(r"\(([\d.]+[KMGT]?)\) exceeds", msg)
             raise DoesNotFit(
-                f"{where}: the {kind} step needs {need.group(1) if need else 'more'} bytes "
+                f"{where}: the {kind} step needs {_xla_bytes(need)} "
                 f"per chip, more than the {_gib(spec.hbm_bytes):.0f} GiB HBM of a "
-                f"{spec.generation} chip; use {_advice(config, stage, spec, mesh_batch)}") \
+                f"{spec.generation} chip; use {_advice(config, stage_name, spec, mesh_batch)}") \
                 from None
         mem = _memory(compiled)
         if kind == "train":
@@ -163,7 +173,7 @@ def compile_stage(name, config, stage_name, spec, devices, mfu):
         raise DoesNotFit(
             f"{where}: {_gib(worst):.1f} GiB per chip (arguments {_gib(rec['argument_bytes']):.1f},"
             f" temporaries {_gib(rec['temp_bytes']):.1f}) > {_gib(spec.hbm_bytes):.0f} GiB HBM; "
-            f"use {_advice(config, stage, spec, mesh_batch)}")
+            f"use {_advice(config, stage_name, spec, mesh_batch)}")
     return rec
 
 
@@ -232,7 +242,7 @@ def main(argv):
     # never opens a TPU (there may be none), and skips libtpu's attempt to.
     jax.config.update("jax_platforms", "cpu")
     if _ALL.value:
-        configs = paper_configs()
+        configs = [(n, c) for n, c in paper_configs() if re.search(_MATCH.value, n)]
     elif _CONFIG.value is not None:
         configs = [(_config_name(), _CONFIG.value)]
     else:

@@ -148,8 +148,12 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
     cells = {}
     for m in models:
         for g in regimes:
-            cfg = module.get_config(experiments_lib.format_arg({**parsed, "model": m,
-                                                                 "regime": g}))
+            try:
+                cfg = module.get_config(experiments_lib.format_arg({**parsed, "model": m,
+                                                                     "regime": g}))
+            except (ValueError, KeyError) as e:  # e.g. a model the experiment does not know
+                raise errors.ConfigError(f"--models / --regimes (config.compare): model {m!r}, "
+                                         f"regime {g!r}: {e}") from e
             with cfg.unlocked():
                 for k, v in overrides.items():
                     if not k.startswith("compare."):

@@ -116,7 +116,11 @@ def parse_absl_flags(argv, prog: str):
                 getattr(flags.FLAGS[name].value, "keys")
         return rest
     except flags.Error as e:
-        error = ConfigError(f"{e}; see --helpfull")
+        text = str(e)
+        if "Traceback (most recent call last)" in text:  # get_config raised: keep its last line
+            head = text.split("Traceback (most recent call last)")[0].strip().rstrip(":")
+            text = f"{head}: {text.strip().splitlines()[-1].strip()}"
+        error = ConfigError(f"{text}; see --helpfull")
     except (AttributeError, KeyError) as e:  # ml_collections: a locked config has no such key
         error = ConfigError(_unknown_key_message(e, argv))
     except OSError as e:  # the config file could not be loaded
@@ -142,12 +146,3 @@ def report(e: BaseException, prog: str, *, verbose=None, stream=None) -> int:
     stream.flush()
     return exit_code(e)
 
-
-def run_cli(main, prog: str, *args, **kwargs):
-    """Calls `main(*args, **kwargs)`; a `SptlibError` becomes one line and `sys.exit(code)`.
-
-    Other exceptions propagate with their traceback (they are bugs, not bad input)."""
-    try:
-        return main(*args, **kwargs)
-    except SptlibError as e:
-        sys.exit(report(e, prog))

@@ -22,6 +22,7 @@ import ml_collections
 from etils import epath
 
 from sptlib import data as data_lib
+from sptlib.errors import ConfigError
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import metrics as metrics_lib, setup, sharding
 
@@ -29,7 +30,7 @@ FIXED_LENGTH_TASKS = ("image", "scifar", "pathfinder", "pathx", "pathx256", "fas
                       "lines")
 
 
-class LengthGeneralizationUnsupported(ValueError):
+class LengthGeneralizationUnsupported(ConfigError):  # a ValueError, reported in one line
     """The task or model cannot be evaluated at another length (the message says why)."""
 
 
@@ -37,7 +38,7 @@ def check_supported(config, factor: float) -> None:
     """Raises `LengthGeneralizationUnsupported` (or ValueError for a bad factor) when `config`'s
     task or model cannot be evaluated at `factor` × its training length."""
     if factor <= 0:
-        raise ValueError(f"length factor must be positive, got {factor}")
+        raise ConfigError(f"length factor must be positive, got {factor}")
     task = config.data.task
     if task in FIXED_LENGTH_TASKS:
         raise LengthGeneralizationUnsupported(

@@ -26,7 +26,7 @@ def _summary_metric(results, split, which, metric):
     return (results.get(split, {}).get(which, {}) or {}).get(metric)
 
 
-def _write_summary(workdir, config, summary, wall_time_s) -> dict:
+def _write_summary(workdir, config, summary, wall_time_s, data_info) -> dict:
     """Writes `workdir/results.json` atomically, keeping the stages an earlier invocation
     summarised and this one did not reach (a failed rerun never clobbers a finished summary);
     an unreadable earlier summary is moved aside to `results.json.bad`, never overwritten."""
@@ -47,7 +47,9 @@ def _write_summary(workdir, config, summary, wall_time_s) -> dict:
     out = {"stage_order": list(config.stage_order), "stages": stages,
            "complete": all((stages.get(n) or {}).get("status") == "finished"
                            for n in config.stage_order),
-           "wall_time_s": wall_time_s}
+           "wall_time_s": wall_time_s,
+           # Examples per split, and the counted skips: truncated at max_length, empty images.
+           "data": data_info}
     if steps.is_main_process():
         tmp = workdir / "results.json.tmp"
         tmp.write_text(json.dumps(out, indent=2, sort_keys=True, default=str))
@@ -63,7 +65,7 @@ def run(config, workdir) -> dict:
     """
     config_lib.validate(config)
     sharding.maybe_initialize_distributed(config)
-    preflight.check(config, workdir)  # data, metrics, batch sizes, workdir: before any step
+    data_info = preflight.check(config, workdir)  # data, metrics, batches: before any step
     if not steps.is_main_process():
         # Logs (like files) come from process 0; the others report warnings and errors only.
         logging.set_verbosity(logging.WARNING)
@@ -88,6 +90,6 @@ def run(config, workdir) -> dict:
                 f"test_{metric}_last": _summary_metric(res, "test", "last", metric),
             })
     finally:
-        out = _write_summary(workdir, config, summary, time.time() - t0)
+        out = _write_summary(workdir, config, summary, time.time() - t0, data_info)
     logging.info("All stages done: %s", json.dumps(summary, default=str))
     return {"stages": all_results, "summary": out}

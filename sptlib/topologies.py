@@ -11,8 +11,10 @@ The chip layouts follow MaxText's `accelerator_to_spec_map.py`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 
 from jax.experimental import topologies as jax_topologies
 
@@ -85,12 +87,29 @@ def devices(spec: SliceSpec):
     """The slice's JAX devices, compile-only (from libtpu; no TPU needed on this machine)."""
     # Other JAX processes on this machine may hold libtpu's lock file; compiling needs no lock.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    desc = jax_topologies.get_topology_desc(platform="tpu", topology_name=spec.topology,
-                                            chip_config_name=spec.chip_config,
-                                            chips_per_host_bounds=spec.chips_per_host,
-                                            num_slices=1)
+    with _stderr_to_devnull():
+        desc = jax_topologies.get_topology_desc(platform="tpu", topology_name=spec.topology,
+                                                chip_config_name=spec.chip_config,
+                                                chips_per_host_bounds=spec.chips_per_host,
+                                                num_slices=1)
     devs = list(desc.devices)
     if len(devs) != spec.num_devices:
         raise RuntimeError(f"{spec.name}: libtpu gave {len(devs)} devices for topology "
                            f"{spec.topology}, expected {spec.num_devices}")
     return devs
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+    """Silences libtpu's start-up warnings (written by C++ to fd 2) about the TPU VM metadata
+    (accelerator type, worker hostnames) that a machine without TPUs cannot have. Errors still
+    surface as Python exceptions."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -20,7 +20,7 @@ import pytest
 
 from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
 from sptlib import compare, errors, pipeline
-from sptlib.data import listops
+from sptlib.data import listops, pathfinder
 from sptlib.data import __main__ as data_cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -143,7 +143,26 @@ IN_PROCESS = [
     ("workdir under a file", _file_workdir("sub"), "cannot write there"),
     ("missing lra_dir", _no_data, "expected listops-1000/basic_train.tsv under lra_dir="),
     ("unknown task", _data(task="listopz"), "config.data: unknown task 'listopz'"),
+    ("negative max_length", _data(max_length=-5), "config.data.max_length=-5: must be >= 0"),
+    ("objective kind typo", _pretrain(kind="maskd"),
+     "config.stages.pretrain.objective.kind='maskd': expected one of"),
+    ("mixer typo", lambda lra, tmp: (_model(_config(lra), mixer="s4dd"), tmp / "wd"),
+     "config.model.mixer='s4dd': expected one of"),
+    ("d_model 0", lambda lra, tmp: (_model(_config(lra), d_model=0), tmp / "wd"),
+     "config.model.d_model=0: must be >= 1"),
+    ("negative learning rate", lambda lra, tmp: (_optim(_config(lra), lr=-1.0), tmp / "wd"),
+     "config.stages.scratch.optim.lr=-1.0: must be >= 0"),
 ]
+
+
+def _model(c, **model):
+    c.model.update(model)
+    return c
+
+
+def _optim(c, **optim):
+    c.stages.scratch.optim.update(optim)
+    return c
 
 
 @pytest.mark.parametrize("name,make,needle", IN_PROCESS, ids=[r[0] for r in IN_PROCESS])
@@ -160,6 +179,43 @@ def test_rejected_before_training(name, make, needle, lra, tmp_path):
     assert_nothing_lost(before, tmp_path)
     # Nothing was trained: no checkpoint, no stage results anywhere.
     assert not list(tmp_path.rglob("checkpoints")) and not list(tmp_path.rglob("results.json"))
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pf")
+    pathfinder.generate_release(str(out), resolution=8, num=20, seed=0, contour_length=14)
+    return out
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("corrupt", "cannot decode PNG"),
+    ("wrong size", "image is (9, 9), expected (8, 8)"),
+])
+def test_bad_image_in_the_eval_split_is_found_before_training(images, tmp_path, damage,
+                                                              needle):
+    """The issue: a corrupt or wrong-size PNG of the test split crashed after training."""
+    data = tmp_path / "lra"
+    shutil.copytree(images, data)
+    folder = data / "pathfinder8" / "curv_contour_length_14"
+    # Image 18 of 20 is in the test split (the last 10%); its metadata line is 19.
+    png = folder / "imgs" / "0" / "sample_18.png"
+    if damage == "corrupt":
+        png.write_bytes(b"\x89PNG garbage")
+    else:
+        from PIL import Image
+        Image.new("L", (9, 9)).save(png)
+    c = _config(data)
+    c.data.update(task="pathfinder", resolution=8, difficulty="curv_contour_length_14")
+    c.data.generate.enabled = False
+    c.model.encoder = "token"
+    before = snapshot(tmp_path)
+    with pytest.raises(errors.DataError) as e:
+        pipeline.run(c, str(tmp_path / "wd"))
+    line = errors.one_line(e.value)
+    assert "sample_18.png" in line and needle in line and "0.npy:19" in line, line
+    assert_nothing_lost(before, tmp_path)
+    assert not list(tmp_path.rglob("checkpoints"))
 
 
 def test_changed_model_stops_and_keeps_every_checkpoint(finished, lra, tmp_path):
@@ -249,6 +305,12 @@ def test_compare_flags_name_the_flag(flag, values, kind, bounds, needle):
     with pytest.raises(errors.ConfigError) as e:
         compare.parse_numbers(flag, values, kind, **bounds)
     assert needle in str(e.value)
+
+
+def test_compare_unknown_model_names_the_flag(tmp_path):
+    with pytest.raises(errors.ConfigError, match="--models .*model 'nosuch'"):
+        compare.expand(str(ROOT / "experiments" / "quickstart.py"), {}, workdir=str(tmp_path),
+                       models=["nosuch"])
 
 
 @pytest.mark.parametrize("text", ["2/2", "a/b", "1", "-1/3", "0/0"])

@@ -122,6 +122,8 @@ def test_finetune_starts_from_best_pretrain_checkpoint(tmp_path):
     assert any(v.shape[-1] == vocab for k, v in pre_best.items() if k.startswith("head/"))
     assert all(fin_params[k].shape[-1] == task.info["num_classes"] for k in heads
                if fin_params[k].ndim)
+    # Results carry the FLOPs of one train step (sptlib.train.flops; checked in test_aot.py).
+    assert res_pre["flops_per_step"] > 0
     # Results carry the best and last metrics on validation and test.
     for split in ("validation", "test"):
         assert set(res_pre[split]) == {"best", "last"}

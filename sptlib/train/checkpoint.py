@@ -170,6 +170,8 @@ class StageCheckpointer:
         diff = describe_mismatch(saved, leaf_specs(abstract_state))
         if diff:
             where = f"stage {stage!r}: " if stage else ""
+            if diff.startswith("'opt_state/"):  # params and model state match
+                diff += " (only the optimizer state differs: optim.grad_clip switched on/off?)"
             raise CheckpointMismatchError(
                 f"{where}checkpoint {self.directory / str(step)} does not match this config: "
                 f"{diff}. It was written by another config (compare {self.directory.parent}/"

@@ -136,7 +136,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         state = run.train(state, stop)
         results = final_evaluation(run, state)
         results.update(init=init_info, num_params=built.num_params,
-                       flops_per_step=_flops_or_none(built))
+                       flops_per_step=setup.train_step_flops(built, strict=False))
         _write_json(stage_dir / RESULTS_FILE, results)
         return results
     finally:
@@ -147,15 +147,6 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         # cost the next run a fallback.
         ckpt.close()
         writer.close()
-
-
-def _flops_or_none(built):
-    """`setup.train_step_flops` for results.json: compute accounting, never fatal."""
-    try:
-        return setup.train_step_flops(built)
-    except Exception as e:  # noqa: BLE001 - an uncounted primitive must not lose a finished run
-        logging.warning("[%s] could not count the train step's FLOPs: %s", built.name, e)
-        return None
 
 
 def _write_config(config, stage_name, stage_dir):

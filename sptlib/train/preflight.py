@@ -5,6 +5,8 @@ before any stage runs. Each failure is a `sptlib.errors.SptlibError` naming the 
 or flag and what to do:
 
   - the workdir is a folder (or can be created) and is writable;
+  - the model's choices (mixer, pattern, positions, encoder, dtype) and sizes, every stage's
+    optimizer numbers (non-negative) and schedule;
   - every stage: the objective's parameters (mask_rate in (0, 1), span_length >= 1), and
     `best_metric` is a metric the objective reports;
   - every stage's `batch_size` and `eval_batch_size` divide over the devices that share the
@@ -26,6 +28,7 @@ from etils import epath
 import jax
 
 from sptlib import data as data_lib
+from sptlib import objectives
 from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
 from sptlib.train import sharding
 
@@ -36,15 +39,20 @@ FULL_PROBE = 20000
 IDENTITY = ("model", "data.task", "data.input_type", "data.max_length")
 
 
-def check(config, workdir) -> None:
-    """Runs every check below; raises the first failure (a `SptlibError`)."""
+def check(config, workdir) -> dict:
+    """Runs every check below; raises the first failure (a `SptlibError`).
+
+    Returns the data's counted skips for the run's summary: `{"examples": {split: n},
+    "truncated": {split: n}, "empty_images": n}`."""
     check_workdir(workdir)
+    check_model(config.model)
     for name in config.stage_order:
         check_objective(config, name)
         check_best_metric(config, name)
+        check_optim(config, name)
     check_batch_sizes(config)
     check_saved_configs(config, workdir)
-    check_data(config)
+    return check_data(config)
 
 
 def check_workdir(workdir) -> None:
@@ -66,9 +74,45 @@ def check_workdir(workdir) -> None:
                           f"{e.strerror or e}); pick a writable folder") from None
 
 
+def _choice(key, value, allowed):
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r}: expected one of {', '.join(map(str, allowed))}")
+
+
+def _at_least(key, value, low):
+    if value < low:
+        raise ConfigError(f"{key}={value!r}: must be >= {low}")
+
+
+def check_model(m) -> None:
+    """The model fields that select code or size (`sptlib.models.config`)."""
+    from sptlib import layers  # the mixer registry (module names only, imported lazily)
+    from sptlib.models import build
+    _choice("config.model.mixer", m.mixer, sorted(layers.MIXERS))
+    _choice("config.model.pattern", m.pattern, build.PATTERNS)
+    _choice("config.model.positions", m.positions, ("none", "sinusoidal", "learned"))
+    _choice("config.model.encoder", m.encoder, ("token", "linear"))
+    _choice("config.model.dtype", m.get("dtype", "float32"), sorted(build.DTYPES))
+    _at_least("config.model.d_model", m.d_model, 1)
+    _at_least("config.model.n_layers", m.n_layers, 1)
+    _at_least("config.model.max_length", m.max_length, 0)
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"config.model.dropout={m.dropout!r}: must be in [0, 1)")
+
+
+def check_optim(config, name) -> None:
+    o, key = config.stages[name].optim, f"config.stages.{name}.optim"
+    for field in ("lr", "ssm_lr", "weight_decay", "ssm_weight_decay", "warmup_steps",
+                  "grad_clip", "min_lr_ratio"):
+        if o.get(field) is not None:
+            _at_least(f"{key}.{field}", o[field], 0)
+    _choice(f"{key}.schedule", o.schedule, ("constant", "cosine"))
+
+
 def check_objective(config, name) -> None:
     obj = config.stages[name].objective
     key = f"config.stages.{name}.objective"
+    _choice(f"{key}.kind", obj.kind, objectives.KINDS)
     if obj.kind not in ("masked", "causal"):
         return
     if obj.kind == "masked":
@@ -125,7 +169,7 @@ def check_batch_sizes(config) -> None:
             if value % n:
                 raise ConfigError(
                     f"{key}={value}: the batch is split over {n} devices (mesh axes "
-                    f"{'x'.join(axes)} of config.mesh, {jax.device_count()} devices in all); use "
+                    f"{', '.join(axes)} of config.mesh, {jax.device_count()} devices in all); use "
                     f"a multiple of {n}{' (0 = batch_size)' if field == 'eval_batch_size' else ''}")
 
 
@@ -189,8 +233,9 @@ def _probe(task, split, where) -> int:
     return n
 
 
-def check_data(config) -> None:
+def check_data(config) -> dict:
     """Every split of `config.data` is readable and non-empty (see the module docstring)."""
+    _at_least("config.data.max_length", config.data.max_length, 0)
     where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
     try:
         task = data_lib.get_task(config.data)  # generates the data when configured to
@@ -199,6 +244,8 @@ def check_data(config) -> None:
         raise
     except ValueError as e:  # the data builders' own checks (task, input_type, fraction, ...)
         raise ConfigError(f"config.data: {e}") from e
-    empty = getattr(task.source("train"), "num_empty", 0)
-    logging.info("preflight: %s splits %s%s read.", config.data.task, counts,
-                 f" ({empty} empty images skipped)" if empty else "")
+    empty = int(getattr(task.source("train"), "num_empty", 0))
+    logging.info("preflight: %s splits %s read; truncated at max_length: %s%s.",
+                 config.data.task, counts, task.num_truncated,
+                 f"; {empty} empty images skipped" if empty else "")
+    return {"examples": counts, "truncated": dict(task.num_truncated), "empty_images": empty}
