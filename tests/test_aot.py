@@ -156,8 +156,10 @@ def test_cli_pathx_transformer_pretrain_fits_a_v4_8(tmp_path):
 
 
 def test_cli_refuses_full_attention_at_pathx_in_one_line():
+    # The preset's fixes undone: full L x L attention, no rematerialisation.
     out = _aot(PATHX_TRANSFORMER, "--config.model.attention.impl=plain",
-               "--config.model.attention.window=0", "--topology=v4-8", "--stage=pretrain")
+               "--config.model.attention.window=0", "--config.model.remat=False",
+               "--topology=v4-8", "--stage=pretrain")
     assert out.returncode == 1
     (line,) = _errors(out.stderr)
     assert line.startswith("lra.py:pathx,transformer,spt-masked stage pretrain on v4-8")
