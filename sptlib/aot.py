@@ -202,8 +202,10 @@ def markdown(records, mfu) -> str:
     return "\n".join(lines)
 
 
-def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None):
-    """Compiles every stage of every `(name, config)`; returns (records, failure lines)."""
+def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None,
+        on_record=None):
+    """Compiles every stage of every `(name, config)`; returns (records, failure lines).
+    `on_record(records)` is called after each stage (a long sweep keeps what it has)."""
     warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
     records, failures, device_cache = [], [], {}
     for name, config in configs:
@@ -229,6 +231,8 @@ def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None):
                 failures.append(str(e))
                 warn(str(e))
             records.append(rec)
+            if on_record:
+                on_record(records)
     return records, failures
 
 
@@ -251,16 +255,18 @@ def main(argv):
         if _TOPOLOGY.value:
             topologies.slice_spec(_TOPOLOGY.value)  # a bad name fails before any compile
         records, failures = run(configs, topology=_TOPOLOGY.value, stage_only=_STAGE.value,
-                                mfu=_MFU.value)
+                                mfu=_MFU.value, on_record=_write_json if _JSON.value else None)
     except ValueError as e:
         print(f"sptlib.aot: {e}", file=sys.stderr)
         sys.exit(1)
     if _MARKDOWN.value:
         print(markdown(records, _MFU.value))
-    if _JSON.value:
-        with open(_JSON.value, "w") as f:
-            json.dump(records, f, indent=2, sort_keys=True)
     sys.exit(1 if failures else 0)
+
+
+def _write_json(records):
+    with open(_JSON.value, "w") as f:
+        json.dump(records, f, indent=2, sort_keys=True)
 
 
 def _config_name():
