@@ -30,7 +30,10 @@ are in docs/reproducing.md.
 
     get_config("[model,regime][,steps=..][,pretrain_steps=..][,resolution=8]"
                "[,style=gratings|segments][,target=l1|pixel256][,noise=0.25][,lr=2e-3]"
-               "[,input=continuous|tokens]")
+               "[,input=continuous|tokens][,init=linen|torch]")
+
+`init=torch` draws the dense projections as PyTorch's nn.Linear / nn.TransformerEncoderLayer do
+(`config.model.init_scheme`); see docs/reproducing.md, "SPT fidelity vs a PyTorch peer".
 """
 
 from sptlib import experiments_lib as lib
@@ -54,6 +57,7 @@ def get_config(arg=""):
         batch_size=32, lr=float(a.get("lr", 2e-3)), eval_every=100,
         target=a.get("target", "l1"), noise=float(a.get("noise", 0.25)),
         input_type=a.get("input", "continuous"), style=a.get("style", "gratings"),
+        init_scheme=a.get("init", "linen"),
         compare=dict(models=("transformer", "s4d", "dlr"),
                      regimes=("scratch", "scratch-equal-compute", "spt-masked"),
                      seeds=(0, 1, 2),

@@ -59,13 +59,14 @@ def local_lines(model: str, regime: str, *, resolution: int, num_train: int, num
 def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_layers: int,
                      d_model: int, steps: int, pretrain_steps: int, batch_size: int, lr: float,
                      eval_every: int, compare: dict, n_heads: int = 4, ffn_mult: int = 2,
-                     d_state: int = 64, mask_rate: float = 0.5,
-                     target: str = "pixel256") -> ml_collections.ConfigDict:
+                     d_state: int = 64, mask_rate: float = 0.5, target: str = "pixel256",
+                     init_scheme: str = "linen") -> ml_collections.ConfigDict:
     """A CPU-sized comparison config on a generated continuous-input task (locked).
 
     Every model gets the same width, depth, optimiser (AdamW, cosine, weight decay 0.01) and
     budget; SSM parameters take lr 1e-3 and no weight decay as in the paper. Masked SPT masks
-    `mask_rate` of the pixels and reconstructs them (`target`: pixel256 | l1).
+    `mask_rate` of the pixels and reconstructs them (`target`: pixel256 | l1). `init_scheme`:
+    linen | torch initialisation of the dense projections (`config.model.init_scheme`).
     """
     from sptlib.train import config as train_config
 
@@ -78,6 +79,7 @@ def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_l
         c.data.update(data)
         c.data.generate.update(generate)
         set_model(c.model, model, task, recipe)
+        c.model.init_scheme = init_scheme
         for sub in ("s4", "s4d", "dss", "s5"):
             c.model[sub].d_state = d_state
         for name in ("pretrain", "finetune", "scratch"):

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from sptlib.layers import inits
+
 # A large finite negative score: exp() of it underflows to exactly 0, and unlike -inf it never yields
 # inf - inf = NaN in the online softmax (fully masked chunks, fully masked padding rows).
 MASK_VALUE = -1e30
@@ -287,10 +289,6 @@ _flash_attention.defvjp(_flash_fwd, _flash_bwd)
 # The mixer
 # ---------------------------------------------------------------------------------------------
 
-def _init(in_axis, out_axis):
-    """Fan-in scaled truncated-normal init for multi-axis projection kernels."""
-    return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                            in_axis=in_axis, out_axis=out_axis)
 
 
 class MultiHeadAttention(nn.Module):
@@ -314,6 +312,7 @@ class MultiHeadAttention(nn.Module):
       chunk_size: chunk length of the chunked/local kernels.
       rotary_base: wavelength base of rotary positions.
       dtype: compute dtype of projections (scores and softmax always run in float32).
+      init_scheme: ``linen`` | ``torch`` kernel initialisation (`sptlib.layers.inits`).
     """
     d_model: int
     causal: bool = False
@@ -326,6 +325,7 @@ class MultiHeadAttention(nn.Module):
     chunk_size: int = 512
     rotary_base: float = 10000.0
     dtype: Any = jnp.float32
+    init_scheme: str = "linen"
 
     def setup(self):
         if self.impl not in IMPLS:
@@ -340,8 +340,10 @@ class MultiHeadAttention(nn.Module):
         hd = self.head_dim or self.d_model // self.n_heads
         shape = (self.d_model, self.n_heads, hd)
         names = ("embed", "heads", "kv")
+        in_init = inits.attention_in(self.init_scheme, self.d_model, self.n_heads * hd)
+        out_init, _ = inits.dense(self.init_scheme, self.n_heads * hd, in_axis=(0, 1), out_axis=2)
         proj = lambda name: self.param(
-            name, nn.with_logical_partitioning(_init(0, (1, 2)), names), shape)
+            name, nn.with_logical_partitioning(in_init, names), shape)
         bias = lambda name: self.param(
             name, nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")),
             (self.n_heads, hd))
@@ -349,7 +351,7 @@ class MultiHeadAttention(nn.Module):
         self.b_query, self.b_key, self.b_value = bias("query_bias"), bias("key_bias"), bias(
             "value_bias")
         self.w_out = self.param(
-            "out", nn.with_logical_partitioning(_init((0, 1), 2), ("heads", "kv", "embed")),
+            "out", nn.with_logical_partitioning(out_init, ("heads", "kv", "embed")),
             (self.n_heads, hd, self.d_model))
         self.b_out = self.param(
             "out_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),

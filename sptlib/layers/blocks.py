@@ -15,6 +15,8 @@ from typing import Any, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
+from sptlib.layers import inits
+
 NORMS = ("layer", "batch")
 
 
@@ -55,17 +57,19 @@ class FeedForward(nn.Module):
     mult: float = 2
     dropout: float = 0.0
     dtype: Any = jnp.float32
+    init_scheme: str = "linen"  # linen | torch (sptlib.layers.inits)
 
     @nn.compact
     def __call__(self, x, *, deterministic=True):
         hidden = int(self.mult * self.d_model)
-        init = nn.initializers.lecun_normal()
-        h = nn.Dense(hidden, dtype=self.dtype, kernel_init=_boxed(init, ("embed", "mlp")),
-                     bias_init=_boxed(nn.initializers.zeros, ("mlp",)), name="wi")(x)
+        k_in, b_in = inits.dense(self.init_scheme, x.shape[-1])
+        k_out, b_out = inits.dense(self.init_scheme, hidden)
+        h = nn.Dense(hidden, dtype=self.dtype, kernel_init=_boxed(k_in, ("embed", "mlp")),
+                     bias_init=_boxed(b_in, ("mlp",)), name="wi")(x)
         h = nn.gelu(h)
         h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
-        return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=_boxed(init, ("mlp", "embed")),
-                        bias_init=_boxed(nn.initializers.zeros, ("embed",)), name="wo")(h)
+        return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=_boxed(k_out, ("mlp", "embed")),
+                        bias_init=_boxed(b_out, ("embed",)), name="wo")(h)
 
 
 def mixer_class(name):
@@ -86,6 +90,8 @@ class ResidualBlock(nn.Module):
       d_model, causal, dropout: passed to the mixer; dropout also on both residual branches.
       norm: ``layer`` | ``batch``.  prenorm: pre-norm (True) or post-norm (False).
       ffn_mult: FFN width multiplier; 0 = no FFN sub-block.
+      init_scheme: linen | torch initialisation of the FFN (`sptlib.layers.inits`); attention
+        mixers take theirs from `mixer_options`.
     """
     mixer: str
     mixer_options: Tuple[Tuple[str, Any], ...] = ()
@@ -96,6 +102,7 @@ class ResidualBlock(nn.Module):
     prenorm: bool = True
     ffn_mult: float = 2
     dtype: Any = jnp.float32
+    init_scheme: str = "linen"
 
     @nn.compact
     def __call__(self, x, *, mask=None, deterministic=True):
@@ -104,7 +111,8 @@ class ResidualBlock(nn.Module):
                                         name="mixer")
         branches = [("mixer", lambda h: mixer(h, mask=mask, deterministic=deterministic))]
         if self.ffn_mult:
-            ffn = FeedForward(self.d_model, self.ffn_mult, self.dropout, self.dtype, name="ffn")
+            ffn = FeedForward(self.d_model, self.ffn_mult, self.dropout, self.dtype,
+                              self.init_scheme, name="ffn")
             branches.append(("ffn", lambda h: ffn(h, deterministic=deterministic)))
         for name, branch in branches:
             norm = Norm(self.norm, dtype=self.dtype, name=f"{name}_norm")

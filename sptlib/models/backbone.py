@@ -40,6 +40,7 @@ class Layer(nn.Module):
     prenorm: bool = True
     ffn_mult: float = 2
     dtype: Any = jnp.float32
+    init_scheme: str = "linen"
 
     @nn.compact
     def __call__(self, x, mask=None, deterministic=True):
@@ -52,7 +53,7 @@ class Layer(nn.Module):
         else:
             block = ResidualBlock(self.mixer, self.mixer_options, self.d_model, self.causal,
                                   self.dropout, self.norm, self.prenorm, self.ffn_mult, self.dtype,
-                                  name="block")
+                                  self.init_scheme, name="block")
         return _constrain(block(x, mask=mask, deterministic=deterministic))
 
 
@@ -76,6 +77,7 @@ class Backbone(nn.Module):
       scan_layers: run a stack of identical layers with `nn.scan` (parameters get a leading
         `layers` axis, logical name ``layers``).
       remat: rematerialise each layer in the backward pass.
+      init_scheme: linen | torch initialisation of the FFNs (`sptlib.layers.inits`).
     """
     layers: Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...]
     d_model: int
@@ -87,12 +89,13 @@ class Backbone(nn.Module):
     scan_layers: bool = True
     remat: bool = False
     dtype: Any = jnp.float32
+    init_scheme: str = "linen"
 
     def _layer_kwargs(self, spec):
         mixer, options = spec
         return dict(mixer=mixer, mixer_options=options, d_model=self.d_model, causal=self.causal,
                     dropout=self.dropout, norm=self.norm, prenorm=self.prenorm,
-                    ffn_mult=self.ffn_mult, dtype=self.dtype)
+                    ffn_mult=self.ffn_mult, dtype=self.dtype, init_scheme=self.init_scheme)
 
     @nn.compact
     def __call__(self, x, mask=None, *, deterministic=True):

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from sptlib.layers import inits
 from sptlib.models.backbone import Backbone
 from sptlib.models.encoders import LinearEncoder, TokenEncoder
 from sptlib.models.heads import ClassifyHead, PixelHead, RetrievalHead, TokenHead
@@ -39,7 +40,8 @@ def layer_specs(model_cfg):
     """
     c = model_cfg
     dtype = DTYPES[c.get("dtype", "float32")]
-    attention = dict(_as_dict(c.attention), dtype=dtype)
+    attention = dict(_as_dict(c.attention), dtype=dtype,
+                     init_scheme=c.get("init_scheme", "linen"))
     options = lambda name: attention if name == "attention" else _as_dict(c.get(name))
     if c.pattern == "uniform":
         return ((c.mixer, _freeze(options(c.mixer))),) * c.n_layers
@@ -101,29 +103,32 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
         ml_collections.ConfigDict(model_cfg)
     h = _as_dict(head_cfg)
     dtype = DTYPES[c.get("dtype", "float32")]
+    scheme = c.get("init_scheme", "linen")
+    inits.check(scheme)
     if c.encoder == "token":
         if c.vocab_size <= 0:
             raise ValueError("model.vocab_size must be set (from task.info['vocab_size'])")
         encoder = TokenEncoder(c.vocab_size, c.d_model, c.positions, c.max_length, dtype)
     elif c.encoder == "linear":
         encoder = LinearEncoder(c.d_input + int(bool(c.mask_channel)), c.d_model, c.positions,
-                                c.max_length, dtype)
+                                c.max_length, dtype, scheme)
     else:
         raise ValueError(f"encoder {c.encoder!r} not in ('token', 'linear')")
     backbone = Backbone(layer_specs(c), c.d_model, c.causal, c.dropout, c.norm, c.prenorm,
-                        c.ffn_mult, c.get("scan_layers", True), c.get("remat", False), dtype)
+                        c.ffn_mult, c.get("scan_layers", True), c.get("remat", False), dtype,
+                        scheme)
     kind = h.get("kind")
     pooling = h.get("pooling", c.pooling)
     if kind == "classify":
-        head = ClassifyHead(h["num_classes"], pooling)
+        head = ClassifyHead(h["num_classes"], pooling, scheme)
     elif kind == "token_logits":
-        head = TokenHead(h.get("num_outputs") or c.vocab_size)
+        head = TokenHead(h.get("num_outputs") or c.vocab_size, init_scheme=scheme)
     elif kind == "pixel_logits":
-        head = PixelHead(c.d_input)
+        head = PixelHead(c.d_input, init_scheme=scheme)
     elif kind == "regress":
-        head = TokenHead(c.d_input, axis_name="classes")
+        head = TokenHead(c.d_input, axis_name="classes", init_scheme=scheme)
     elif kind == "retrieval":
-        head = RetrievalHead(h["num_classes"], pooling)
+        head = RetrievalHead(h["num_classes"], pooling, init_scheme=scheme)
     else:
         raise ValueError(f"head kind {kind!r} not in {HEADS}")
     return SequenceModel(encoder, backbone, head, kind)

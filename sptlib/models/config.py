@@ -45,6 +45,10 @@ def model_config():
     c.remat = False
     # Compute dtype of encoder, attention, FFN and norms: float32 | bfloat16 (params stay float32).
     c.dtype = "float32"
+    # Initialisation of the dense projections (encoder, attention, FFN, heads): linen (fan-in
+    # truncated normal, zero biases) | torch (PyTorch's nn.Linear / nn.TransformerEncoderLayer
+    # defaults); see sptlib.layers.inits. Norms, embeddings and SSM parameters are unaffected.
+    c.init_scheme = "linen"
     # Mixer-specific options, passed to the mixer constructor.
     c.attention = ml_collections.ConfigDict(
         dict(n_heads=4, positions="none", impl="plain", window=0, chunk_size=512,

@@ -11,6 +11,8 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
+from sptlib.layers import inits
+
 POOLING = ("mean", "max", "last")
 
 
@@ -35,44 +37,50 @@ def pool(x, mask=None, kind="mean"):
     raise ValueError(f"pooling {kind!r} not in {POOLING}")
 
 
-def _dense(features, names, name, dtype=jnp.float32):
+def _dense(features, names, name, fan_in, init_scheme="linen", dtype=jnp.float32):
+    kernel_init, bias_init = inits.dense(init_scheme, fan_in)
     return nn.Dense(features, dtype=dtype, name=name,
-                    kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), names),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-1:]))
+                    kernel_init=nn.with_logical_partitioning(kernel_init, names),
+                    bias_init=nn.with_logical_partitioning(bias_init, names[-1:]))
 
 
 class ClassifyHead(nn.Module):
     """`[batch, length, d_model]`, mask -> pooled logits `[batch, num_classes]`."""
     num_classes: int
     pooling: str = "mean"
+    init_scheme: str = "linen"
 
     @nn.compact
     def __call__(self, x, mask=None):
         pooled = pool(x, mask, self.pooling).astype(jnp.float32)
-        return _dense(self.num_classes, ("embed", "classes"), "logits")(pooled)
+        return _dense(self.num_classes, ("embed", "classes"), "logits", pooled.shape[-1],
+                      self.init_scheme)(pooled)
 
 
 class TokenHead(nn.Module):
     """Per-position linear map `[batch, length, d_model] -> [batch, length, num_outputs]`."""
     num_outputs: int
     axis_name: str = "vocab"
+    init_scheme: str = "linen"
 
     @nn.compact
     def __call__(self, x, mask=None):
         del mask  # per-position outputs; the objective masks its loss
-        return _dense(self.num_outputs, ("embed", self.axis_name), "logits")(
-            x.astype(jnp.float32))
+        return _dense(self.num_outputs, ("embed", self.axis_name), "logits", x.shape[-1],
+                      self.init_scheme)(x.astype(jnp.float32))
 
 
 class PixelHead(nn.Module):
     """256-way logits per channel: `[batch, length, d_model] -> [batch, length, d_input, 256]`."""
     d_input: int
     levels: int = 256
+    init_scheme: str = "linen"
 
     @nn.compact
     def __call__(self, x, mask=None):
         del mask
-        y = _dense(self.d_input * self.levels, ("embed", "vocab"), "logits")(x.astype(jnp.float32))
+        y = _dense(self.d_input * self.levels, ("embed", "vocab"), "logits", x.shape[-1],
+                   self.init_scheme)(x.astype(jnp.float32))
         return y.reshape(*x.shape[:2], self.d_input, self.levels)
 
 
@@ -81,11 +89,14 @@ class RetrievalHead(nn.Module):
     num_classes: int
     pooling: str = "mean"
     d_hidden: int = 0  # 0 = the feature width
+    init_scheme: str = "linen"
 
     @nn.compact
     def __call__(self, x1, mask1, x2, mask2):
         u = pool(x1, mask1, self.pooling).astype(jnp.float32)
         v = pool(x2, mask2, self.pooling).astype(jnp.float32)
         h = jnp.concatenate([u, v, u * v, u - v], axis=-1)
-        h = nn.gelu(_dense(self.d_hidden or u.shape[-1], ("mlp", "embed"), "hidden")(h))
-        return _dense(self.num_classes, ("embed", "classes"), "logits")(h)
+        h = nn.gelu(_dense(self.d_hidden or u.shape[-1], ("mlp", "embed"), "hidden", h.shape[-1],
+                           self.init_scheme)(h))
+        return _dense(self.num_classes, ("embed", "classes"), "logits", h.shape[-1],
+                      self.init_scheme)(h)
