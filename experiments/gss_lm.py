@@ -42,14 +42,15 @@ PAPER_DATA = {"pg19": ("pg19", 4096, 128), "arxiv": ("arxiv", 4096, 128),
 PAPER_MODELS = {
     "gss": dict(n_layers=16, d_model=1024),
     "gss-l": dict(n_layers=32, d_model=1024),
-    "gss-hybrid": dict(n_layers=16, d_model=1024),
+    # Vanilla Transformer blocks (attention + FFN x4) at layers 2, 6, 10, 14.
+    "gss-hybrid": dict(n_layers=16, d_model=1024, ffn_mult=4),
     "dss": dict(n_layers=12, d_model=1024, ffn_mult=4),
     "transformer": dict(n_layers=12, d_model=1024, ffn_mult=4),
 }
 # CPU default: ~equal parameters (counted in tests/test_lm_eval.py), L = 512.
 CPU_MODELS = {
     "gss": dict(n_layers=4, d_model=64),
-    "gss-hybrid": dict(n_layers=4, d_model=64),
+    "gss-hybrid": dict(n_layers=4, d_model=64),  # attention block without FFN (~equal params)
     "dss": dict(n_layers=3, d_model=64, ffn_mult=4),
     "transformer": dict(n_layers=3, d_model=64, ffn_mult=4),
 }
@@ -68,6 +69,7 @@ def _lm_model(c, name, sizes, *, d_state, heads, head_dim):
         ffn_mult=sizes.get("ffn_mult", 0)))
     m.causal = True
     m.encoder = "token"
+    m.ffn_mult = sizes.get("ffn_mult", 0)  # GSS blocks ignore it; attention blocks use it
     m.gss.d_state = d_state
     m.gss.expansion = 4
     m.gss.d_ssm = sizes["d_model"] // 4
