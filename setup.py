@@ -32,7 +32,10 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["sptlib", "sptlib.*"]),
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest", "pytest-xdist", "pytest-timeout"]},
+    # lm: SentencePiece for the paper-size GSS language models (experiments/gss_lm.py); never
+    # needed on CPU or in tests.
+    extras_require={"test": ["pytest", "pytest-xdist", "pytest-timeout"],
+                    "lm": ["sentencepiece"]},
     entry_points={
         "console_scripts": [
             "spt-train=sptlib.main:run",

@@ -203,7 +203,7 @@ def evaluate(config, workdir, factors=FACTORS, *, split="test") -> dict:
     return out
 
 
-def evaluate_cached(config, workdir, factors=FACTORS, **kwargs) -> dict:  # noqa: D401
+def evaluate_cached(config, workdir, factors=FACTORS, **kwargs) -> dict:
     """`evaluate`, read from / written to `<workdir>/lm_eval.json`."""
     path = epath.Path(workdir) / CACHE_FILE
     if path.exists():
