@@ -28,6 +28,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from etils import epath
@@ -38,6 +39,8 @@ from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import loop, optim, sharding, steps
 
 CACHE_FILE = "lm_eval.json"
+# How `train_step_flops` counts (bumped when that changes, so cached results are recounted).
+FLOPS_COUNT = "unrolled-v1"
 FACTORS = (1, 2, 4, 8, 16)
 
 
@@ -135,8 +138,14 @@ def evaluate_factor(config, workdir, factor, train_length, eval_tokens, *, split
 
 def train_step_flops(config, stage_name=None) -> float | None:
     """XLA's FLOP count of one compiled training step of the stage (forward, backward and the
-    optimiser update, at the training batch and length), or None when the backend reports none."""
+    optimiser update, at the training batch and length), or None when the backend reports none.
+
+    Counted with the layers unrolled (`scan_layers=False`): XLA's cost analysis counts the body
+    of a loop once, so a scanned stack of n layers would report about one layer's FLOPs.
+    """
     stage_name = stage_name or config.stage_order[-1]
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.model.scan_layers = False
     stage = config.stages[stage_name]
     task = data_lib.get_task(config.data)
     objective = objectives.get_objective(stage.objective)
@@ -195,12 +204,17 @@ def evaluate(config, workdir, factors=FACTORS, *, split="test") -> dict:
                                                   split=split)
         except lengthgen.LengthGeneralizationUnsupported as e:
             out["errors"][key] = str(e)
+    out["train_step_flops"] = _flops_or_none(config)
+    out["flops_count"] = FLOPS_COUNT
+    return out
+
+
+def _flops_or_none(config):
     try:
-        out["train_step_flops"] = train_step_flops(config)
+        return train_step_flops(config)
     except Exception as e:  # pylint: disable=broad-except
         logging.warning("train-step FLOPs unavailable: %s", e)
-        out["train_step_flops"] = None
-    return out
+        return None
 
 
 def evaluate_cached(config, workdir, factors=FACTORS, **kwargs) -> dict:
@@ -210,6 +224,10 @@ def evaluate_cached(config, workdir, factors=FACTORS, **kwargs) -> dict:
         cached = json.loads(path.read_text())
         if set(cached.get("factors", {})) | set(cached.get("errors", {})) == \
                 {f"{f:g}x" for f in factors}:
+            if cached.get("flops_count") != FLOPS_COUNT:  # an older count: redo that part only
+                cached["train_step_flops"] = _flops_or_none(config)
+                cached["flops_count"] = FLOPS_COUNT
+                path.write_text(json.dumps(cached, indent=1))
             return cached
     out = evaluate(config, workdir, factors, **kwargs)
     path.write_text(json.dumps(out, indent=1))

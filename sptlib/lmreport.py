@@ -23,6 +23,7 @@ import collections
 import json
 import os
 
+from etils import epath
 import numpy as np
 
 from sptlib import stats
@@ -41,10 +42,9 @@ def lm_record(config, workdir, factors, *, evaluate=True, log=print) -> dict | N
     computed unless `evaluate=False`) plus the validation curve and training cost."""
     stage = config.stage_order[-1]
     path = os.path.join(workdir, stage, "results.json")
-    from etils import epath
     res = json.loads(epath.Path(path).read_text()) if epath.Path(path).exists() else {}
     cache = epath.Path(workdir) / "lm_eval.json"
-    if cache.exists():
+    if cache.exists() and not evaluate:
         ev = json.loads(cache.read_text())
     elif evaluate:
         from sptlib import lmeval  # deferred: JAX
