@@ -175,3 +175,30 @@ def test_equal_compute_reads_each_curve_at_the_smallest_budget(tmp_path):
     saved = []
     paths = lmreport.write_plots(recs, str(tmp_path), lambda fig, p: saved.append(p))
     assert sorted(paths) == ["equal_compute", "length_generalisation"] and len(saved) == 2
+
+
+@pytest.mark.slow
+def test_tiny_lm_comparison_end_to_end(tmp_path):
+    """Real runs (orbax checkpoints on disk) through sptlib.compare: lmeval scores the best
+    checkpoint at 1x and 4x, its 1x value equals the trainer's own test evaluation on the same
+    text, and the report gets the LM table and the plots."""
+    from sptlib import compare
+    over = {"stages.scratch.num_steps": 2, "stages.scratch.eval_every": 1,
+            "stages.scratch.checkpoint_every": 1, "stages.scratch.log_every": 1,
+            "stages.scratch.batch_size": 2, "stages.scratch.eval_batch_size": 2,
+            "data.max_length": 32, "data.lm.packages": ("ml_collections",),
+            "data.lm.max_bytes": 100_000, "data.lm.validation_percent": 20,
+            "data.lm.test_percent": 20, "data.lm.eval_tokens": 512, "model.d_model": 16,
+            "model.gss.d_ssm": 4, "model.gss.d_state": 8, "model.dss.d_state": 8}
+    _, specs = compare.expand(EXP, over, workdir=str(tmp_path), models=["gss", "transformer"],
+                              seeds=[0])
+    records, paths = compare.run_comparison(specs, str(tmp_path), length_factors=(1, 4))
+    for rec in records:
+        lm_rec = rec["lm"]
+        assert set(lm_rec["factors"]) == {"1x", "4x"} and lm_rec["eval_tokens"] == 512
+        assert lm_rec["factors"]["1x"]["bits_per_token"] == pytest.approx(lm_rec["test_bits"],
+                                                                         abs=1e-4)
+        assert lm_rec["train_step_flops"] > 0 and len(lm_rec["history"]) == 2
+    md = open(paths["markdown"]).read()
+    assert "Language modelling: bits per token" in md and "Equal compute" in md
+    assert os.path.exists(paths["length_generalisation"])
