@@ -192,6 +192,9 @@ _CACHE: dict = {}
 
 def corpus_for(cfg) -> Corpus:
     """`build_corpus` for `config.data.lm`, built once per process."""
+    if not cfg.packages:
+        raise DataError("data.lm.packages is empty: name the installed packages whose *.py "
+                        "files form the code_lm corpus (e.g. --config.data.lm.packages=jax,numpy)")
     key = (tuple(cfg.packages), int(cfg.max_bytes), int(cfg.validation_percent),
            int(cfg.test_percent))
     if key not in _CACHE:
