@@ -40,6 +40,9 @@ setup(
         "tpu": [LIBTPU],
         # The tests compile PathX steps for a TPU slice (tests/test_aot.py), so they need it.
         "test": ["pytest", "pytest-xdist", "pytest-timeout", LIBTPU],
+        # SentencePiece for the paper-size GSS language models (experiments/gss_lm.py); never
+        # needed on CPU or in tests.
+        "lm": ["sentencepiece"],
     },
     entry_points={
         "console_scripts": [

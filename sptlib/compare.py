@@ -43,6 +43,7 @@ from ml_collections import config_flags
 
 from sptlib import errors
 from sptlib import experiments_lib
+from sptlib import lmreport
 from sptlib import report
 from sptlib.records import (_get, curve_from_events, is_finished,  # noqa: F401 (re-exported)
                             load_results, make_record)
@@ -264,7 +265,11 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                                   wall_time_s=time.time() - t0)
                 (epath.Path(spec.workdir) / "error.txt").write_text(traceback.format_exc())
                 log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
-        if length_factors and rec["status"] == "finished" and not report_only:
+        if length_factors and rec["status"] == "finished" and lmreport.is_lm(spec.config):
+            # Causal LMs: bits per token at each factor on the same text (sptlib.lmeval).
+            rec["lm"] = lmreport.lm_record(spec.config, spec.workdir, length_factors,
+                                           evaluate=not report_only, log=log)
+        elif length_factors and rec["status"] == "finished" and not report_only:
             rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn,
                                                         log)
         records.append(rec)

@@ -267,6 +267,10 @@ class Objective:
             targets = self._targets(batch, target_kind, shift=True)
         loss_sum, count, correct = self._reconstruction(out, targets, weights, target_kind)
         metrics["loss"] = (loss_sum, count)
+        if self.kind == "causal" and target_kind == "tokens":
+            # Language modelling: the same sum in bits (bits per byte for byte tokens;
+            # perplexity = 2 ** bits_per_token for subwords).
+            metrics["bits_per_token"] = (loss_sum / jnp.log(2.0), count)
         if correct is not None:
             metrics["accuracy"] = (correct, count)
         loss = loss_sum / jnp.maximum(count, 1.0)

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
-from sptlib import stats
+from sptlib import lmreport, stats
 
 # Display order of regimes (unknown regimes follow in first-seen order).
 REGIME_ORDER = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
@@ -277,7 +277,10 @@ def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     """Writes `comparison.md`, `accuracy.png` and `curves.png` (+ one pair per extra data
     fraction) under `workdir`; returns {name: path}."""
     out = {"markdown": os.path.join(workdir, "comparison.md")}
-    epath.Path(out["markdown"]).write_text(markdown(records, title))  # gs:// workdirs too
+    text = markdown(records, title)
+    lm_text = lmreport.markdown(records)  # causal LM runs: length generalisation, equal compute
+    epath.Path(out["markdown"]).write_text(text + ("\n" + lm_text if lm_text else ""))
+    out.update(lmreport.write_plots(records, workdir, _save))
     fractions = sorted({r.get("data_fraction", 1.0) for r in records}, reverse=True)
     for frac in fractions:
         suffix = "" if frac == 1.0 else f"_frac{frac:g}"

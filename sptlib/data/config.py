@@ -6,15 +6,19 @@ Zero / empty values mean "the task's default" (e.g. `max_length=0` -> 2000 for L
 
 import ml_collections
 
+from sptlib.data import lm
+
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
-         "speech_commands", "fashion_mnist", "lines")
+         "speech_commands", "fashion_mnist", "lines", "code_lm", "pg19", "lm1b",
+         "arxiv")
 
 
 def data_config():
     """Returns the default data config (ListOps from `lra_dir`); experiments override fields."""
     c = ml_collections.ConfigDict()
     # Task: listops | text | retrieval | image | scifar | pathfinder | pathx | pathx256 |
-    # speech_commands | fashion_mnist | lines (generated in memory, sptlib/data/lines.py).
+    # speech_commands | fashion_mnist | lines (generated in memory, sptlib/data/lines.py) |
+    # code_lm | pg19 | lm1b | arxiv (causal LM windows, sptlib/data/lm.py).
     c.task = "listops"
     # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
     c.lra_dir = "lra_release"
@@ -73,4 +77,6 @@ def data_config():
     c.prefetch_buffer_size = 64
     # Folder with the Fashion-MNIST idx files (Debian package dataset-fashion-mnist).
     c.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist"
+    # Causal LM tasks (code_lm | pg19 | lm1b): corpus and windows (sptlib.data.lm.lm_config).
+    c.lm = lm.lm_config()
     return c

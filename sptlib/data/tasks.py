@@ -11,6 +11,8 @@ Task defaults (LRA / the SPT paper):
   speech_commands  raw 16 kHz audio, 16000, 35 classes     <speech_commands_dir>/ (SC35, v0.02)
   fashion_mnist    784 (or 196 at resolution 14), 10       /usr/share/datasets/fashion-mnist/
   lines            R x R (default 16 x 16), 4 classes      generated in memory (sptlib/data/lines.py)
+  code_lm          causal LM, bytes, windows of 512        Python source of installed packages
+  pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (sptlib/data/lm.py)
 """
 
 import logging
@@ -156,4 +158,5 @@ def get_task(cfg):
         raise ValueError(f"source must be files|tfds, got {cfg.source!r}")
     # Importing these registers their builders.
     from sptlib.data import task_more  # noqa: F401
+    from sptlib.data import lm_task  # noqa: F401  (code_lm, pg19, lm1b)
     return _BUILDERS[cfg.task](cfg)
