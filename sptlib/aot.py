@@ -20,6 +20,7 @@ it with `pip install -e '.[tpu]'`).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -31,7 +32,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from sptlib import experiments_lib, topologies
+from sptlib import experiments_lib, meshes, topologies
 from sptlib.train import flops, setup
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,6 +116,16 @@ def _memory(compiled):
     rec["total_bytes"] = (rec["argument_bytes"] + rec["temp_bytes"] + rec["output_bytes"]
                           - rec["alias_bytes"] + rec["code_bytes"])
     return rec
+
+
+def _on_slice(config):
+    """A copy of `config` with its mesh as on the target slice (`meshes.slice_mesh`)."""
+    mesh = meshes.slice_mesh(config)
+    if mesh.to_dict() == config.mesh.to_dict():
+        return config
+    config = copy.deepcopy(config)
+    config.mesh.update(mesh.to_dict())
+    return config
 
 
 def compile_stage(name, config, stage_name, spec, devices, mfu):
@@ -215,6 +226,7 @@ def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None,
             warn(failures[-1])
             continue
         spec = topologies.slice_spec(slice_name)
+        config = _on_slice(config)
         if spec.name not in device_cache:
             device_cache[spec.name] = topologies.devices(spec)
         stages = [stage_only] if stage_only else list(config.stage_order)

@@ -235,17 +235,19 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
 
 
 def set_slice(config, slice_name: str, batch_sizes) -> None:
-    """Names the TPU slice `config` is sized for and its mesh (config unlocked).
+    """Names the TPU slice `config` is sized for and its mesh there (config unlocked).
 
-    Data parallelism over every chip (`mesh.data=-1`) unless a stage's global batch does not
-    divide by the chip count (the released batch of 50 on a 4-chip v4-8): then the batch is
-    split over the largest divisor of both and the remaining factor goes to the `tensor` axis.
+    Data parallelism over every chip unless a stage's global batch does not divide by the chip
+    count (the released batch of 50 on a 4-chip v4-8): then the batch is split over the largest
+    divisor of both and the remaining factor goes to the `tensor` axis on the slice
+    (`config.aot.tensor`, see `meshes.slice_mesh`). The local `config.mesh` stays all-data, so
+    the preset also runs on one CPU or GPU unchanged.
     """
     devices = meshes.expected_device_count(slice_name)
     data = math.gcd(devices, *[int(b) for b in batch_sizes])
     config.aot.slice = slice_name
-    config.mesh.data, config.mesh.fsdp = -1, 1
-    config.mesh.tensor = devices // data
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+    config.aot.tensor = devices // data if devices // data > 1 else 0
 
 
 def add_compare(config, *, models, regimes, seeds, data_fractions=(1.0,), length_factors=(),

@@ -30,13 +30,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from etils import epath
 
 from sptlib import data as data_lib
-from sptlib import lengthgen, models, objectives
+from sptlib import lengthgen
 from sptlib.train import checkpoint as ckpt_lib
-from sptlib.train import loop, optim, sharding, steps
+from sptlib.train import setup
 
 CACHE_FILE = "lm_eval.json"
 # How `train_step_flops` counts (bumped when that changes, so cached results are recounted).
@@ -88,17 +87,14 @@ def _eval_config(config, factor, train_length, eval_tokens):
 
 
 def _restore(config, stage_name, workdir, task, example):
-    """(model, objective, variables) of the stage's best checkpoint, built for `task`."""
-    objective = objectives.get_objective(config.stages[stage_name].objective)
-    model_cfg = loop.resolve_model_config(config.model, task.info)
-    model = models.build_model(model_cfg, objective.head(task.info, model_cfg))
-    mesh = sharding.create_mesh(config.mesh)
-    rules = sharding.normalize_rules(config.logical_axis_rules)
-    fresh, _ = steps.init_train_state(model, optax.identity(), example, jax.random.PRNGKey(0),
-                                      mesh, rules, objective=objective)
+    """(model, objective, variables) of the stage's best checkpoint, built for `task` by the
+    trainer's own set-up (evaluation only)."""
+    built = setup.build_stage(config, stage_name, example_batch=example, info=task.info,
+                              train=False)
     best = ckpt_lib.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
-    params, model_state, _ = ckpt_lib.load_pretrained(best, fresh.params, fresh.model_state)
-    return model, objective, {"params": params, **model_state}, str(best)
+    params, model_state, _ = ckpt_lib.load_pretrained(best, built.state.params,
+                                                      built.state.model_state)
+    return built.model, built.objective, {"params": params, **model_state}, str(best)
 
 
 def evaluate_factor(config, workdir, factor, train_length, eval_tokens, *, split="test",
@@ -146,25 +142,11 @@ def train_step_flops(config, stage_name=None) -> float | None:
     stage_name = stage_name or config.stage_order[-1]
     config = ml_collections.ConfigDict(config.to_dict())
     config.model.scan_layers = False
-    stage = config.stages[stage_name]
     task = data_lib.get_task(config.data)
-    objective = objectives.get_objective(stage.objective)
-    model_cfg = loop.resolve_model_config(config.model, task.info)
-    model = models.build_model(model_cfg, objective.head(task.info, model_cfg))
-    mesh = sharding.create_mesh(config.mesh)
-    rules = sharding.normalize_rules(config.logical_axis_rules)
-    length = int(task.info["max_length"])
-    batch = {"inputs": np.full((stage.batch_size, length), 2, np.int32),
-             "mask": np.ones((stage.batch_size, length), bool),
-             "label": np.zeros(stage.batch_size, np.int32),
-             "example_mask": np.ones(stage.batch_size, bool)}
-    abstract_vars, _ = steps.state_logical_specs(model, objective, batch)
-    optimizer = optim.make_optimizer(stage.optim, abstract_vars["params"], int(stage.num_steps))
-    state, shardings = steps.init_train_state(model, optimizer, batch, jax.random.PRNGKey(0),
-                                              mesh, rules, objective=objective)
-    step = steps.make_train_step(model, objective, optimizer, mesh, shardings, rules)
-    with jax.set_mesh(mesh):
-        compiled = step.jitted.lower(state, sharding.shard_batch(batch, mesh, rules)).compile()
+    # The trainer's set-up, abstract: nothing is allocated, only compiled.
+    built = setup.build_stage(config, stage_name, info=task.info, abstract=True)
+    with jax.set_mesh(built.mesh):
+        compiled = built.train_step.jitted.lower(built.state, built.example_batch).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = (cost or {}).get("flops")
@@ -192,7 +174,8 @@ def evaluate(config, workdir, factors=FACTORS, *, split="test") -> dict:
     # The split's text, already cut at data.lm.eval_tokens, in windows of L.
     k = (len(train_task.source(split)) * train_length) // longest
     if k < 1:
-        raise ValueError(f"the {split} text holds {len(held_out) * train_length} tokens, less "
+        raise ValueError(f"the {split} text holds {len(train_task.source(split)) * train_length} "
+                         f"tokens, less "
                          f"than one window of {max(factors):g} x {train_length} = {longest}: "
                          "raise data.lm.max_bytes / data.lm.eval_tokens or lower the factors")
     out = {"train_length": train_length, "eval_tokens": k * longest, "split": split,

@@ -272,6 +272,16 @@ def build_mesh(mesh_cfg: Any, devices: Sequence[Any] | None = None):
                              axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
+def slice_mesh(config) -> Any:
+    """`config.mesh` as the config runs on its target slice: `config.aot.tensor` / `.fsdp`
+    (when non-zero) replace the local mesh's axes; data parallelism fills the rest."""
+    mesh = type(config.mesh)(config.mesh.to_dict())
+    for axis in ("tensor", "fsdp"):
+        if int(config.aot.get(axis, 0) or 0):
+            mesh[axis] = int(config.aot[axis])
+    return mesh
+
+
 def config_overrides(mesh_cfg: Any, prefix: str = "config.mesh") -> list[str]:
     """Command-line overrides (`--config.mesh.data=16`, ...) that select this mesh.
 

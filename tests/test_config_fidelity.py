@@ -180,7 +180,7 @@ def test_long_sequence_transformers_are_local_and_rematerialised():
 def test_every_preset_names_a_slice_and_a_mesh_that_fits_its_batches(task, model):
     c = lib.build(task, model, "spt-masked")
     devices = meshes.expected_device_count(c.aot.slice)
-    sizes = meshes.resolve_axis_sizes(c.mesh, devices)  # raises if the mesh does not fit
+    sizes = meshes.resolve_axis_sizes(meshes.slice_mesh(c), devices)  # raises if it does not fit
     batch_shards = sizes["data"] * sizes["fsdp"] * sizes["dcn_data"] * sizes["dcn_fsdp"]
     for stage in ("pretrain", "finetune", "scratch"):
         b = c.stages[stage].batch_size
@@ -188,3 +188,5 @@ def test_every_preset_names_a_slice_and_a_mesh_that_fits_its_batches(task, model
     # Tensor parallelism only where a batch cannot be split over every chip.
     if all(c.stages[s].batch_size % devices == 0 for s in ("pretrain", "finetune")):
         assert sizes["tensor"] == 1, (task, model, dict(sizes))
+    # Locally the preset is all-data, so it runs on one device as it is.
+    assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (-1, 1, 1), (task, model)

@@ -133,6 +133,11 @@ def base_config():
     c.aot = ml_collections.ConfigDict()
     # Target TPU slice, e.g. "v4-8", "v5e-16", "v5p-128"; "" = not sized for a pod.
     c.aot.slice = ""
+    # Mesh axes on that slice, applied over `mesh` there (by `sptlib.aot` and, with
+    # --tensor/--fsdp, the TPU launcher); 0 = keep `mesh`'s. The local `mesh` stays all-data, so
+    # the same config runs on a laptop unchanged.
+    c.aot.tensor = 0
+    c.aot.fsdp = 0
     # Stages run in this order, each in workdir/<stage>/.
     c.stage_order = ("pretrain", "finetune")
     c.stages = ml_collections.ConfigDict()

@@ -132,6 +132,8 @@ def metric_names(objective_cfg) -> set:
         names.add("accuracy")
     if objective_cfg.kind == "masked":
         names.add("masked_fraction")
+    if objective_cfg.kind == "causal":
+        names.add("bits_per_token")
     return names
 
 

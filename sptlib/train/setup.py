@@ -25,7 +25,7 @@ import optax
 
 from sptlib import data as data_lib
 from sptlib import models, objectives
-from sptlib.data import tokenizers
+from sptlib.data import lm, lm_task, tokenizers
 from sptlib.train import flops, optim, sharding, steps
 
 
@@ -213,7 +213,11 @@ def offline_task_info(data_cfg) -> dict:
         r = res or 28
         info.update(vocab_size=pixel_vocab, num_classes=10, max_length=r * r)
     elif t == "speech_commands":
-        info.update(vocab_size=pixel_vocab, num_classes=12, max_length=ml or 16000)
+        info.update(vocab_size=pixel_vocab, num_classes=35, max_length=ml or 16000)  # SC35
+    elif t in lm.LM_TASKS:
+        # Causal LMs: bytes, or the SentencePiece model's vocabulary when one is configured.
+        info.update(vocab_size=lm.vocab_size(data_cfg), num_classes=0,
+                    max_length=ml or lm_task.DEFAULT_LENGTH)
     else:
         raise ValueError(f"no offline task info for task {t!r}")
     return info
