@@ -45,19 +45,23 @@ PAPER_GRID = (("lra.py", ("listops", "text", "retrieval", "image", "pathfinder",
 PAPER_MODELS = ("transformer", "s4")
 PAPER_REGIME = "spt-masked"  # pretrain + finetune; scratch compiles to the finetune step
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config (experiments/X.py[:arg]); override fields with "
-    "--config.a.b=value.", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", "", "TPU slice, e.g. v4-32, v5e-16, v5p-8; "
-                                "default: the config's aot.slice.")
-_STAGE = flags.DEFINE_string("stage", "", "Compile only this stage (default: every stage).")
-_ALL = flags.DEFINE_bool("all", False, "Every paper config: each LRA task (PathX-256 "
-                         "included), sCIFAR and Speech Commands x Transformer and S4, each stage.")
-_MATCH = flags.DEFINE_string("match", "", "With --all: only configs whose name (e.g. "
-                             "'lra.py:pathx,s4,spt-masked') matches this regular expression.")
-_JSON = flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
-_MARKDOWN = flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
-_MFU = flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
+def define_flags():
+    """Defines the CLI's flags. Called by the entry point only: `sptlib.main` and
+    `sptlib.compare` define `--config` too, and one process (a test worker) may import all
+    three modules."""
+    config_flags.DEFINE_config_file(
+        "config", None, "Experiment config (experiments/X.py[:arg]); override fields with "
+        "--config.a.b=value.", lock_config=True)
+    flags.DEFINE_string("topology", "", "TPU slice, e.g. v4-32, v5e-16, v5p-8; "
+                        "default: the config's aot.slice.")
+    flags.DEFINE_string("stage", "", "Compile only this stage (default: every stage).")
+    flags.DEFINE_bool("all", False, "Every paper config: each LRA task (PathX-256 "
+                      "included), sCIFAR and Speech Commands x Transformer and S4, each stage.")
+    flags.DEFINE_string("match", "", "With --all: only configs whose name (e.g. "
+                        "'lra.py:pathx,s4,spt-masked') matches this regular expression.")
+    flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
+    flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
+    flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
 
 
 class DoesNotFit(Exception):
@@ -249,6 +253,7 @@ def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None,
 
 
 def main(argv):
+    FLAGS = flags.FLAGS  # noqa: N806
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if importlib.util.find_spec("libtpu") is None:
@@ -257,27 +262,27 @@ def main(argv):
     # Compile-only TPU devices come from libtpu's topology API (sptlib.topologies); this process
     # never opens a TPU (there may be none), and skips libtpu's attempt to.
     jax.config.update("jax_platforms", "cpu")
-    if _ALL.value:
-        configs = [(n, c) for n, c in paper_configs() if re.search(_MATCH.value, n)]
-    elif _CONFIG.value is not None:
-        configs = [(_config_name(), _CONFIG.value)]
+    if FLAGS.all:
+        configs = [(n, c) for n, c in paper_configs() if re.search(FLAGS.match, n)]
+    elif FLAGS.config is not None:
+        configs = [(_config_name(), FLAGS.config)]
     else:
         raise app.UsageError("pass --config=experiments/X.py[:arg] or --all")
     try:
-        if _TOPOLOGY.value:
-            topologies.slice_spec(_TOPOLOGY.value)  # a bad name fails before any compile
-        records, failures = run(configs, topology=_TOPOLOGY.value, stage_only=_STAGE.value,
-                                mfu=_MFU.value, on_record=_write_json if _JSON.value else None)
+        if FLAGS.topology:
+            topologies.slice_spec(FLAGS.topology)  # a bad name fails before any compile
+        records, failures = run(configs, topology=FLAGS.topology, stage_only=FLAGS.stage,
+                                mfu=FLAGS.mfu, on_record=_write_json if FLAGS.json else None)
     except ValueError as e:
         print(f"sptlib.aot: {e}", file=sys.stderr)
         sys.exit(1)
-    if _MARKDOWN.value:
-        print(markdown(records, _MFU.value))
+    if FLAGS.markdown:
+        print(markdown(records, FLAGS.mfu))
     sys.exit(1 if failures else 0)
 
 
 def _write_json(records):
-    with open(_JSON.value, "w") as f:
+    with open(flags.FLAGS.json, "w") as f:
         json.dump(records, f, indent=2, sort_keys=True)
 
 
@@ -287,4 +292,5 @@ def _config_name():
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
