@@ -5,9 +5,9 @@ A tiny masked-SPT -> finetune run on generated 8 x 8 Lines gratings (L = 64, 4 c
 orbax checkpoints (finetune starts from the best pretrain checkpoint with a fresh head), with
 PyTorch's initialisation (`model.init_scheme="torch"`, the option that reproduces the PyTorch
 peer). Measured on this configuration (one seed, 200 test images): SPT 64.5% vs scratch 33.0%
-after 200 finetuning steps; with the Linen initialisation SPT reaches only 50.5% (scratch 34.5%),
-and with the backbone not loaded 37.0%. The thresholds leave room for numerical drift across
-machines but fail for either of those.
+after 200 finetuning steps; with the Linen initialisation SPT reaches only 50.5% (scratch 34.5%;
+37.0% when the finetune stage does not load the backbone). The thresholds leave room for
+numerical drift across machines but fail for the Linen numbers.
 """
 
 import math
