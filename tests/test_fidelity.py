@@ -2,12 +2,12 @@
 
 A tiny masked-SPT -> finetune run on generated 8 x 8 Lines gratings (L = 64, 4 classes, chance
 25%) against scratch at the same finetuning budget, each through `sptlib.pipeline.run` with real
-orbax checkpoints (finetune starts from the best pretrain checkpoint with a fresh head). Measured
-on this configuration (one seed, 200 test images): SPT 50.5% vs scratch 34.5% after 200 steps. The
-assertion leaves room for numerical drift across machines, but fails when the pretrained
-encoder/backbone does not reach the finetuning stage or is altered on the way (e.g. `dont_load`
-too broad, the mask channel not zeroed, a different input layout) — those runs finish at scratch's
-level.
+orbax checkpoints (finetune starts from the best pretrain checkpoint with a fresh head), with
+PyTorch's initialisation (`model.init_scheme="torch"`, the option that reproduces the PyTorch
+peer). Measured on this configuration (one seed, 200 test images): SPT 64.5% vs scratch 33.0%
+after 200 finetuning steps; with the Linen initialisation SPT reaches only 50.5% (scratch 34.5%;
+37.0% when the finetune stage does not load the backbone). The thresholds leave room for
+numerical drift across machines but fail for the Linen numbers.
 """
 
 import math
@@ -26,11 +26,12 @@ from sptlib.models.config import model_config
 PRETRAIN_STEPS, FINETUNE_STEPS = 2000, 200
 
 
-def _config(regime):
+def _config(regime, init_scheme="torch"):
     c = local.local_lines("transformer", regime, resolution=8, num_train=2000, num_eval=200,
                           n_layers=1, d_model=32, n_heads=2, steps=FINETUNE_STEPS,
                           pretrain_steps=PRETRAIN_STEPS, batch_size=32, lr=2e-3,
                           eval_every=FINETUNE_STEPS, target="l1", noise=0.25, style="gratings",
+                          init_scheme=init_scheme,
                           compare=dict(models=("transformer",), regimes=(regime,), seeds=(0,)))
     with c.unlocked():
         for stage in c.stages.values():
@@ -49,8 +50,8 @@ def _test_accuracy(config, workdir):
 def test_spt_then_finetune_beats_scratch_at_equal_finetune_steps(tmp_path):
     spt = _test_accuracy(_config("spt-masked"), tmp_path / "spt")
     scratch = _test_accuracy(_config("scratch"), tmp_path / "scratch")
-    assert spt >= scratch + 0.08, (spt, scratch)
-    assert spt >= 0.40, spt
+    assert spt >= scratch + 0.20, (spt, scratch)
+    assert spt >= 0.57, spt
 
 
 def _transformer_params(scheme, d_model=64, heads=4):
