@@ -213,7 +213,7 @@ def offline_task_info(data_cfg) -> dict:
         r = res or 28
         info.update(vocab_size=pixel_vocab, num_classes=10, max_length=r * r)
     elif t == "speech_commands":
-        info.update(vocab_size=pixel_vocab, num_classes=12, max_length=ml or 16000)
+        info.update(vocab_size=pixel_vocab, num_classes=35, max_length=ml or 16000)  # all 35 words
     else:
         raise ValueError(f"no offline task info for task {t!r}")
     return info
