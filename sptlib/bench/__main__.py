@@ -167,7 +167,7 @@ def main(argv=None):
                        "error": f"{type(e).__name__}: {str(e)[:300]}"}
             common.emit(rec)
 
-    if args.peer and "peer" in args.only:
+    if args.peer:  # --peer implies its section; `--only peer` runs nothing else
         s = mixers.MixerSettings()
         peers.run(args.peer, args.peer_lengths or ((1024, 4096) if q else (1024, 4096, 16384)),
                   s, rounds=5 if q else 7, max_seconds=6.0 if q else 20.0)
