@@ -122,9 +122,9 @@ def transformer_row(*, spec=TRANSFORMER_CONFIG, max_tokens=8192, rounds=7, max_s
     """The quickstart Transformer's train step: sptlib vs torch, with plain Flax as the floor."""
     p = train.prepare(spec, max_tokens=max_tokens)
     m = p["config"].model
-    sizes = dict(d_model=int(m.d_model), n_layers=int(m.n_layers),
-                 n_heads=int(m.attention.n_heads), d_ffn=int(m.ffn_mult * m.d_model),
-                 num_classes=int(p["info"]["num_classes"]))
+    sizes = {"d_model": int(m.d_model), "n_layers": int(m.n_layers),
+             "n_heads": int(m.attention.n_heads), "d_ffn": int(m.ffn_mult * m.d_model),
+             "num_classes": int(p["info"]["num_classes"])}
     length, batch = p["length"], p["batch_size"]
     fns = {"sptlib": train.step_closure(p),
            "flax": _reference("flax_transformer").make_step(length, batch, **sizes),

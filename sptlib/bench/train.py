@@ -180,10 +180,10 @@ def prepare(spec, *, max_tokens=8192, max_length=0, stage_name=None):
     batch_size = int(max(1, min(stage.batch_size, max_tokens // per_example)))
     batch = synthetic_batch(info, batch_size, length)
     built = setup.build_stage(config, stage_name, example_batch=batch, info=info)
-    return dict(config=config, stage_name=stage_name, stage=stage, info=info, batch=batch,
-                real_length=real_length, length=length, per_example=per_example,
-                batch_size=batch_size, built=built,
-                gbatch=sharding.shard_batch(batch, built.mesh, built.rules))
+    return {"config": config, "stage_name": stage_name, "stage": stage, "info": info,
+            "batch": batch, "real_length": real_length, "length": length,
+            "per_example": per_example, "batch_size": batch_size, "built": built,
+            "gbatch": sharding.shard_batch(batch, built.mesh, built.rules)}
 
 
 def step_closure(prepared):
