@@ -13,7 +13,6 @@ warnings on stderr. `--quick` (few lengths, small sizes) takes a few minutes on 
 """
 
 import argparse
-import dataclasses
 import os
 import shlex
 import sys

@@ -225,12 +225,12 @@ def _peer_lines(records):
     if not rows:
         return []
     lines = ["### Side by side with PyTorch (same run, interleaved calls, medians)", "",
-             "Ratio = sptlib tokens/s ÷ PyTorch tokens/s. SSM rows: one block, forward+backward "
-             "(gradients for parameters and input), batch 8, H 256, N 64, fp32. Transformer "
-             "row: the quickstart classifier's whole AdamW train step; plain Flax is the floor. "
-             "Reference blocks: `benchmarks/peers/`.", "",
-             "| block | length | sptlib tokens/s | PyTorch tokens/s | ratio | target | "
-             "plain Flax tokens/s |", "|---|---:|---:|---:|---:|---|---:|"]
+             ("Ratio = sptlib tokens/s ÷ PyTorch tokens/s. SSM rows: one block, forward+backward "
+              "(gradients for parameters and input), batch 8, H 256, N 64, fp32. Transformer "
+              "row: the quickstart classifier's whole AdamW train step; plain Flax is the floor. "
+              "Reference blocks: `benchmarks/peers/`."), "",
+             ("| block | length | sptlib tokens/s | PyTorch tokens/s | ratio | target | "
+              "plain Flax tokens/s |"), "|---|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         block = r["name"][5:]
         if r["kind"] != "peer":
