@@ -175,3 +175,49 @@ def test_train_step_record_on_the_smoke_config():
     floor = 6 * tokens * layers * (4 * d * d + 2 * 2 * d * d)  # qkv+out, FFN (mult 2) in/out
     assert floor <= rec["flops_per_step"] <= 20 * floor
     assert rec["mfu"] == pytest.approx(rec["flops_per_step"] / rec["seconds"] / 1e9, rel=1e-3)
+
+
+def test_peer_without_torch_exits_with_one_clear_line():
+    # Simulates a machine without PyTorch (None in sys.modules makes `import torch` fail).
+    code = ("import sys; sys.modules['torch'] = None; from sptlib.bench.__main__ import main; "
+            "sys.exit(main(['--peer', 'torch', '--only', 'peer']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 1 and out.stdout == ""
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert err[0].startswith("--peer torch: PyTorch is not importable")
+    assert "pip install torch==2.13.0" in err[0]
+
+
+def test_time_interleaved_alternates_calls_and_takes_medians():
+    import time
+
+    from sptlib.bench import peers
+    calls = []
+
+    def sleeper(name, seconds):
+        def fn():
+            calls.append(name)
+            time.sleep(seconds)
+        return fn
+    secs, rounds = peers.time_interleaved({"a": sleeper("a", 0.004), "b": sleeper("b", 0.012)},
+                                          rounds=4, warmup=1, max_seconds=1e9)
+    assert rounds == 4
+    assert calls == ["a", "b"] + ["a", "b"] * 4   # warm-ups, then A B A B ...
+    assert 0.004 <= secs["a"] < secs["b"] and secs["b"] >= 0.012
+
+
+def test_peer_row_ratio_target_and_table():
+    from sptlib.bench import peers
+    rec = peers._row("s4d", 1024, 8192, {"sptlib": 0.5, "torch": 2.5})
+    # tokens/s ratio = peer seconds / our seconds.
+    assert rec["ratio"] == 5.0 and rec["target"] == 4.0 and rec["target_met"]
+    assert rec["tokens_per_s"] == 8192 / 0.5 and rec["peer_tokens_per_s"] == 8192 / 2.5
+    slow = peers._row("transformer_train_step", 256, 8192, {"sptlib": 2.0, "torch": 1.0})
+    assert slow["ratio"] == 0.5 and not slow["target_met"]
+    text = report.render([rec, slow], common.machine_info(), "cmd")
+    assert "| s4d | 1024 | 16.4k | 3.3k | **5×** |" in text
+    assert text.index("Side by side with PyTorch") < text.index("| s4d |")
+    assert "### Mixers" not in text   # peer rows stay out of the mixer table

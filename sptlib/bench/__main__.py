@@ -2,19 +2,23 @@
 
     python -m sptlib.bench [--quick] [--only mixers,train,pipeline,matmul] [--lengths 1024,4096]
         [--mixers s4d,attention_chunked] [--memory analysis|rss] [--markdown docs/benchmarks.md]
+        [--peer torch]
+
+`--peer torch` adds the side-by-side section (S4D, S4 DPLR, the quickstart Transformer's train
+step against PyTorch reference blocks in benchmarks/peers/, timed interleaved in this process);
+it needs PyTorch (optional, CPU build: `pip install torch==2.13.0`).
 
 One JSON record per measurement on stdout (fields in `sptlib.bench.common`); progress and
 warnings on stderr. `--quick` (few lengths, small sizes) takes a few minutes on 2 CPU cores.
 """
 
 import argparse
-import dataclasses
 import os
 import shlex
 import sys
 import tempfile
 
-SECTIONS = ("mixers", "train", "pipeline", "matmul")
+SECTIONS = ("mixers", "train", "pipeline", "matmul", "peer")  # peer: only with --peer
 
 
 def _ints(s):
@@ -38,7 +42,8 @@ def parse_args(argv):
     p.add_argument("--only", type=_names, default=SECTIONS,
                    help=f"comma-separated sections of {SECTIONS} (train includes matmul)")
     p.add_argument("--lengths", type=_ints, default=None,
-                   help="mixer lengths (default 1024,2048,4096,8192,16384; quick 1024)")
+                   help="mixer lengths (default 1024,2048,4096,8192,16384; quick 1024,4096: "
+                        "two, so the scaling exponent is measured)")
     p.add_argument("--baseline-lengths", type=_ints, default=None,
                    help="lengths of the kernel baselines (default the mixer lengths; quick "
                         "256,1024)")
@@ -81,6 +86,12 @@ def parse_args(argv):
                         "stdout) into --markdown, headed by --render-command")
     p.add_argument("--render-command", default="(not recorded)",
                    help="the command that produced --render's records")
+    p.add_argument("--peer", choices=None, default=None, metavar="LIB",
+                   help="also time the reference blocks of LIB (torch) side by side: S4D, "
+                        "S4 DPLR, the quickstart Transformer train step; needs LIB installed")
+    p.add_argument("--peer-lengths", type=_ints, default=None,
+                   help="SSM lengths of the peer rows (default 1024,4096,16384; quick "
+                        "1024,4096)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -96,8 +107,12 @@ def main(argv=None):
     if bad:
         raise SystemExit(f"--only: unknown sections {bad}; known: {SECTIONS}")
 
-    from sptlib.bench import common, mixers, pipeline, report, train
+    from sptlib.bench import common, mixers, peers, pipeline, report, train
     q = args.quick
+    if args.peer:
+        peers.require(args.peer)  # fail in a second, not after the other sections
+    elif args.only == ("peer",):
+        raise SystemExit("--only peer: name the peer library too, e.g. --peer torch")
     if args.render:
         import json
         with open(args.render) as f:
@@ -120,7 +135,7 @@ def main(argv=None):
             max_seconds=args.max_seconds or (2.0 if q else 15.0),
             memory_cap_bytes=args.memory_cap_gb * 2 ** 30, memory=args.memory,
             direct_max_length=args.direct_max_length or (256 if q else 1024))
-        lengths = args.lengths or ((1024,) if q else (1024, 2048, 4096, 8192, 16384))
+        lengths = args.lengths or ((1024, 4096) if q else (1024, 2048, 4096, 8192, 16384))
         names = args.mixers or mixers.ALL_MIXERS
         unknown = [n for n in names if n not in mixers.ALL_MIXERS]
         if unknown:
@@ -150,6 +165,11 @@ def main(argv=None):
                 rec = {"name": f"train/{spec}", "kind": "error",
                        "error": f"{type(e).__name__}: {str(e)[:300]}"}
             common.emit(rec)
+
+    if args.peer:  # --peer implies its section; `--only peer` runs nothing else
+        s = mixers.MixerSettings()
+        peers.run(args.peer, args.peer_lengths or ((1024, 4096) if q else (1024, 4096, 16384)),
+                  s, rounds=5 if q else 7, max_seconds=6.0 if q else 20.0)
 
     if "pipeline" in args.only:
         def consumer(spec):

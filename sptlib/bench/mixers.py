@@ -19,7 +19,6 @@ point: batch 1, d_model 256, 8 heads, bidirectional.
 import dataclasses
 import json
 import math
-import os
 import resource
 import subprocess
 import sys

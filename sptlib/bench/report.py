@@ -56,7 +56,8 @@ def render(records, machine, command, machine_end=None, section="full"):
         lines += [f"Peak memory method: {', '.join(mem)} (`xla_memory_analysis` = arguments + "
                   "outputs + temporaries − aliased bytes of the compiled executable).", ""]
 
-    targets = [r for r in records if "target" in r]
+    lines += _peer_lines(records)
+    targets = [r for r in records if "target" in r and r.get("kind") != "peer"]
     if targets:
         lines += ["### Targets", "", "| measurement | length | measured | target | ratio | |",
                   "|---|---:|---:|---:|---:|---|"]
@@ -76,7 +77,7 @@ def render(records, machine, command, machine_end=None, section="full"):
     mixer_recs = [r for r in records if r.get("kind") in ("forward", "forward_backward",
                                                           "skipped", "error")
                   and not r["name"].startswith(("fft_conv", "direct_conv", "s5_", "train/",
-                                                "pipeline/"))]
+                                                "pipeline/", "peer/"))]
     if mixer_recs:
         lines += ["### Mixers", "",
                   "SSM mixers: batch 8, d_model (H) 256, fp32, causal; N = 64 for S4/S4D/DSS/S5, "
@@ -216,6 +217,34 @@ def render(records, machine, command, machine_end=None, section="full"):
         lines.append("")
     lines.append(end)
     return "\n".join(lines) + "\n"
+
+
+def _peer_lines(records):
+    """The side-by-side table (`--peer`): sptlib tokens/s over the peer's, per row."""
+    rows = [r for r in records if r["name"].startswith("peer/")]
+    if not rows:
+        return []
+    lines = ["### Side by side with PyTorch (same run, interleaved calls, medians)", "",
+             ("Ratio = sptlib tokens/s ÷ PyTorch tokens/s. SSM rows: one block, forward+backward "
+              "(gradients for parameters and input), batch 8, H 256, N 64, fp32. Transformer "
+              "row: the quickstart classifier's whole AdamW train step; plain Flax is the floor. "
+              "Reference blocks: `benchmarks/peers/`."), "",
+             ("| block | length | sptlib tokens/s | PyTorch tokens/s | ratio | target | "
+              "plain Flax tokens/s |"), "|---|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        block = r["name"][5:]
+        if r["kind"] != "peer":
+            lines.append(f"| {block} | {r['length']} | — | — | — | | "
+                         f"{r['kind']}: {r.get('reason') or r.get('error', '')[:80]} |")
+            continue
+        flax = "—"
+        if r.get("flax_tokens_per_s"):
+            flax = (f"{_k(r['flax_tokens_per_s'])} (sptlib ÷ Flax {_f(r['vs_flax'])}, "
+                    f"{'met' if r['floor_met'] else '**below the floor**'})")
+        lines.append(f"| {block} | {r['length']} | {_k(r['tokens_per_s'])} | "
+                     f"{_k(r['peer_tokens_per_s'])} | **{_f(r['ratio'])}×** | "
+                     f"{_target_cell(r)} | {flax} |")
+    return lines + [""]
 
 
 def _load(x):

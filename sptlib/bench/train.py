@@ -163,12 +163,11 @@ def _init_kwargs(objective, batch):
     return objective.init_inputs(example)
 
 
-def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=30.0,
-                 peak_flops=None, peak_flops_cpu=None, stage_name=None):
-    """Train-step record for one experiment config (see the module docstring).
+def prepare(spec, *, max_tokens=8192, max_length=0, stage_name=None):
+    """Everything one train step of a config needs, built as `sptlib.train.loop` builds it.
 
     Batch: the stage's batch size, reduced so a step holds at most `max_tokens` tokens (at least
-    one example). Length: the task's, or `max_length` when smaller (then stated in the record).
+    one example). Length: the task's, or `max_length` when smaller.
     """
     config = load_config(spec)
     stage_name = stage_name or config.stage_order[0]
@@ -180,13 +179,35 @@ def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=
     per_example = length * (2 if info.get("pair") else 1)
     batch_size = int(max(1, min(stage.batch_size, max_tokens // per_example)))
     batch = synthetic_batch(info, batch_size, length)
-
     built = setup.build_stage(config, stage_name, example_batch=batch, info=info)
-    state, train_step, mesh, rules = built.state, built.train_step, built.mesh, built.rules
+    return {"config": config, "stage_name": stage_name, "stage": stage, "info": info,
+            "batch": batch, "real_length": real_length, "length": length,
+            "per_example": per_example, "batch_size": batch_size, "built": built,
+            "gbatch": sharding.shard_batch(batch, built.mesh, built.rules)}
+
+
+def step_closure(prepared):
+    """`step()` running one train step of `prepare(...)`'s output in place (state donated)."""
+    holder = [prepared["built"].state]
+
+    def step():
+        holder[0], metrics = prepared["built"].train_step(holder[0], prepared["gbatch"])
+        return metrics
+    return step
+
+
+def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=30.0,
+                 peak_flops=None, peak_flops_cpu=None, stage_name=None):
+    """Train-step record for one experiment config (see the module docstring and `prepare`)."""
+    p = prepare(spec, max_tokens=max_tokens, max_length=max_length, stage_name=stage_name)
+    config, stage_name, stage, info, batch = (p[k] for k in ("config", "stage_name", "stage",
+                                                             "info", "batch"))
+    real_length, length, per_example, batch_size, built, gbatch = (
+        p[k] for k in ("real_length", "length", "per_example", "batch_size", "built", "gbatch"))
+    state, train_step = built.state, built.train_step
     model_cfg, objective = built.model_cfg, built.objective
     head = objective.head(info, model_cfg)
     n_params = built.num_params
-    gbatch = sharding.shard_batch(batch, mesh, rules)
 
     t0 = time.perf_counter()
     state, metrics = train_step(state, gbatch)

@@ -88,14 +88,18 @@ def dot_product_attention(q, k, v, key_mask=None, *, causal=False, window=0):
       `[batch, length, heads, head_dim]` in v's dtype.
     """
     length = q.shape[1]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    pos = jnp.arange(length)
-    allowed = _allowed(pos, pos, causal, window)[None, None]
+    # Head-major operands ([b, h, l, d]) make both products plain batched matmuls; on XLA:CPU
+    # this was ~4% of the quickstart Transformer's train step (CPU time, interleaved A/B).
+    q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+    # Only the masks that apply, each broadcast where it is used.
+    if causal or window:
+        pos = jnp.arange(length)
+        scores = jnp.where(_allowed(pos, pos, causal, window), scores, MASK_VALUE)
     if key_mask is not None:
-        allowed = allowed & key_mask[:, None, None, :]
-    scores = jnp.where(allowed, scores, MASK_VALUE)
+        scores = jnp.where(key_mask[:, None, None, :], scores, MASK_VALUE)
     weights = jax.nn.softmax(scores, axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v,
+    return jnp.einsum("bhqk,bhkd->bqhd", weights.astype(v.dtype), v,
                       preferred_element_type=jnp.float32).astype(v.dtype)
 
 
