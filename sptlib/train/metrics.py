@@ -123,7 +123,6 @@ class Progress:
                 f"{rate:.2f} steps/s, ETA {format_duration(eta)}")
 
     def rate(self) -> float:
-        now = self._clock()
         return (self._last_s - self._s0) / (self._last_t - self._t0) \
             if self._last_t > self._t0 else float("nan")
 
