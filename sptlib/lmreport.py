@@ -223,14 +223,10 @@ def write_plots(records, workdir, save) -> dict:
                     capsize=3, label=m)
     ax.set_xscale("log", base=2)
     ax.axvline(L, color="grey", ls=":", lw=1)
-    ax.set_xlabel("evaluation window (tokens); dotted: training length")
-    ax.set_ylabel("bits per token (held-out)")
-    ax.set_title("Zero-shot length generalisation (mean ± 95% CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out["length_generalisation"] = os.path.join(workdir, "length_generalisation.png")
-    save(fig, out["length_generalisation"])
+    out["length_generalisation"] = _finish(
+        fig, ax, "evaluation window (tokens); dotted: training length",
+        "bits per token (held-out)", "Zero-shot length generalisation (mean ± 95% CI)",
+        os.path.join(workdir, "length_generalisation.png"), save)
     curves = [r for r in runs if r["lm"].get("history") and r["lm"].get("train_step_flops")]
     if curves:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -242,12 +238,20 @@ def write_plots(records, workdir, save) -> dict:
             ax.plot(h[:, 0] * r["lm"]["train_step_flops"], h[:, 1], color=colors[i % 10],
                     label=r["model"] if r["seed"] == min(x["seed"] for x in curves
                                                          if x["model"] == r["model"]) else None)
-        ax.set_xlabel("training FLOPs (compiled step × steps)")
-        ax.set_ylabel("validation bits per token")
-        ax.set_title("Equal compute: validation loss vs training FLOPs")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        out["equal_compute"] = os.path.join(workdir, "equal_compute.png")
-        save(fig, out["equal_compute"])
+        out["equal_compute"] = _finish(
+            fig, ax, "training FLOPs (compiled step × steps)", "validation bits per token",
+            "Equal compute: validation loss vs training FLOPs",
+            os.path.join(workdir, "equal_compute.png"), save)
     return out
+
+
+def _finish(fig, ax, xlabel, ylabel, title, path, save):
+    """Labels, grid and legend of a report plot; saves it to `path` and returns the path."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+    return path
