@@ -1,6 +1,7 @@
 """Backbones, encoders, heads and build_model, checked against hand-computed truths."""
 
 import importlib
+import pathlib
 
 import flax
 import flax.linen as nn
@@ -294,6 +295,10 @@ def test_print_paper_size_param_counts(capsys):
     with capsys.disabled():
         print("\n" + table)
     assert len(rows) == len(PAPER_TASKS)
+    # docs/models.md states exactly the counts of the built presets.
+    docs = (pathlib.Path(__file__).parents[1] / "docs" / "models.md").read_text()
+    missing = [r for r in rows if r not in docs]
+    assert not missing, f"docs/models.md parameter table is stale: {missing}"
     # The long-sequence Transformers run the local kernel, which adds no parameters.
     for task in ("pathx", "pathx256", "speech_commands"):
         c, head = paper_config(task, "transformer")
