@@ -41,6 +41,7 @@ from etils import epath
 import ml_collections
 from ml_collections import config_flags
 
+from sptlib import compare_jobs
 from sptlib import errors
 from sptlib import experiments_lib
 from sptlib import lmreport
@@ -66,6 +67,9 @@ _LENGTH = flags.DEFINE_list(
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only", False, "Only rebuild comparison.json/md and plots from finished runs.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
+_JOBS = flags.DEFINE_integer("jobs", None, "Processes to run the grid in (each --shard=i/n, "
+                             "pinned to its cores), then the table; 0 = one per core. Default: "
+                             "config.compare.jobs, else 1. See sptlib.compare_jobs.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Print the traceback of errors (also: "
                              "SPTLIB_TRACEBACK=1).")
 _SHARD = flags.DEFINE_string(
@@ -387,6 +391,11 @@ def _main():
         for s in specs:
             print(f"{s.name:40s} stages={tuple(s.config.stage_order)} -> {s.workdir}")
         return
+    jobs = compare_jobs.resolve_jobs(
+        base.compare.get("jobs", 1) if _JOBS.value is None else _JOBS.value, len(specs))
+    if jobs > 1 and shard is None and not _REPORT_ONLY.value:
+        # Then the table below, from the finished runs.
+        compare_jobs.run_shards(sys.argv[1:], jobs, data_config=specs[0].config.data)
     title = base.compare.get("title") or f"Comparison: {filename}"
     records, paths = run_comparison(specs, _WORKDIR.value, title=title, length_factors=factors,
                                     report_only=_REPORT_ONLY.value, shard=shard)

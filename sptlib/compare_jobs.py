@@ -1,0 +1,107 @@
+"""Runs one `sptlib.compare` grid as several processes on one machine (`--jobs`).
+
+On a CPU, small models do not use every core well: two 1-core processes ran ~1.4x the steps/s
+of one 2-core process in our measurements (docs/reproducing.md). `--jobs=n` (or
+`config.compare.jobs`) therefore starts n copies of the same command, each with `--shard=i/n`
+and, where the machine has at least n cores, pinned to its own share of them; when every copy
+has finished, the calling process writes the table from the finished runs as usual. A run that
+an earlier, interrupted command finished is not rerun (each shard skips finished runs).
+
+    python -m sptlib.compare --config=experiments/quickstart.py --workdir=W --jobs=2
+
+`jobs = 0` means one process per core of this machine (`os.sched_getaffinity`), at most one
+per run. The accelerator case needs no jobs: one process drives every device.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+from sptlib import errors
+
+
+def resolve_jobs(jobs: int, num_runs: int) -> int:
+    """The number of processes for `num_runs` runs: `jobs`, or one per core when `jobs` is 0."""
+    if jobs < 0:
+        raise errors.ConfigError(f"--jobs={jobs} / config.compare.jobs: must be >= 0 "
+                                 f"(0 = one process per CPU core)")
+    if jobs == 0:
+        jobs = len(os.sched_getaffinity(0))
+    return max(1, min(jobs, num_runs))
+
+
+def core_sets(jobs: int, cores: Sequence[int] | None = None) -> list[set[int] | None]:
+    """Disjoint core sets, one per job (None = unpinned when there are fewer cores than jobs)."""
+    cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    if len(cores) < jobs:
+        return [None] * jobs
+    per = len(cores) // jobs
+    return [set(cores[i * per:(i + 1) * per]) for i in range(jobs)]
+
+
+def shard_argv(argv: Sequence[str], i: int, n: int) -> list[str]:
+    """`argv` (without the program name) with --jobs/--shard replaced by `--shard=i/n --jobs=1`."""
+    keep, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--jobs", "--shard"):
+            skip = True  # the value is the next word
+            continue
+        if a.startswith(("--jobs=", "--shard=")):
+            continue
+        keep.append(a)
+    return keep + [f"--shard={i}/{n}", "--jobs=1"]
+
+
+def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
+               log: Callable[[str], None] = print, cores: Sequence[int] | None = None) -> None:
+    """Runs `python -m sptlib.compare argv --shard=i/jobs` for every i and waits for all.
+
+    `data_config` (a run's `config.data`) is built once here first, so that generated files
+    are written by one process, not raced for by every shard.
+
+    SIGTERM/SIGINT to this process are passed on (each shard saves a checkpoint and stops);
+    raises `errors.PreemptedError` if a shard was stopped that way, `errors.SptlibError` if one
+    failed, so that the caller writes no table from a partial grid.
+    """
+    if data_config is not None:
+        from sptlib.data import tasks  # deferred: imports JAX and grain, needed only here
+        tasks.get_task(data_config)
+    sets = core_sets(jobs, cores)
+    procs = []
+    for i in range(jobs):
+        cmd = [sys.executable, "-m", "sptlib.compare"] + shard_argv(argv, i, jobs)
+        pin = sets[i]
+        log(f"[compare] job {i + 1}/{jobs}: shard {i}/{jobs}"
+            + (f", cores {sorted(pin)}" if pin else ""))
+        procs.append(subprocess.Popen(
+            cmd, preexec_fn=(lambda p=pin: os.sched_setaffinity(0, p)) if pin else None))
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    codes = [p.returncode for p in procs]
+    log(f"[compare] jobs finished with exit codes {codes}")
+    if any(c == errors.EXIT_PREEMPTED for c in codes):
+        raise errors.PreemptedError("a shard was stopped on request; rerun the same command "
+                                    "to resume (finished runs are kept)")
+    # A shard exits 1 when one of its runs failed (the others ran): the table still shows them.
+    bad = [i for i, c in enumerate(codes) if c not in (0, 1)]
+    if bad:
+        raise errors.SptlibError(f"shard(s) {bad} of --jobs={jobs} exited with "
+                                 f"{[codes[i] for i in bad]}; their output is above")

@@ -1,0 +1,82 @@
+"""`sptlib.compare --jobs`: the grid split over processes, each pinned to its own cores, then
+one table — checked against the argument rules by hand and with a real 2-process CLI run."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sptlib import compare_jobs
+from sptlib import errors
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_shard_argv_replaces_jobs_and_shard_in_both_spellings():
+    argv = ["--config=x.py", "--jobs=3", "--workdir", "W", "--shard", "1/4", "--jobs", "2"]
+    assert compare_jobs.shard_argv(argv, 1, 2) == ["--config=x.py", "--workdir", "W",
+                                                    "--shard=1/2", "--jobs=1"]
+
+
+def test_core_sets_are_disjoint_shares_or_unpinned():
+    assert compare_jobs.core_sets(2, cores=[0, 1, 2, 3]) == [{0, 1}, {2, 3}]
+    assert compare_jobs.core_sets(2, cores=[0, 1, 2]) == [{0}, {1}]
+    assert compare_jobs.core_sets(3, cores=[0, 1]) == [None, None, None]
+
+
+def test_resolve_jobs():
+    cores = len(os.sched_getaffinity(0))
+    assert compare_jobs.resolve_jobs(0, 100) == cores
+    assert compare_jobs.resolve_jobs(5, 2) == 2  # never more processes than runs
+    assert compare_jobs.resolve_jobs(1, 8) == 1
+    with pytest.raises(errors.ConfigError, match="--jobs=-1"):
+        compare_jobs.resolve_jobs(-1, 4)
+
+
+_TINY = textwrap.dedent('''
+    from experiments import smoke
+    from sptlib import experiments_lib as lib
+
+    POSITIONAL = ("model", "regime")
+
+    def get_config(arg=""):
+        lib.parse_arg(arg, POSITIONAL)
+        c = smoke.get_config()
+        c.data.lra_dir = {lra!r}
+        c.data.max_length = 48
+        c.model.d_model = 16
+        c.stage_order = ("scratch",)
+        s = c.stages.scratch
+        s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 4, 2, 2, 2
+        s.batch_size, s.eval_batch_size = 8, 16
+        with c.unlocked():
+            lib.add_compare(c, models=("attention",), regimes=("scratch",), seeds=(0, 1),
+                            title="jobs")
+        return c
+''')
+
+
+def test_two_jobs_run_disjoint_halves_then_one_table(tmp_path):
+    """Real CLI: 2 runs, --jobs=2 → two shard processes with one run each, data generated once
+    (by the parent, before the shards start), and the full table from the parent."""
+    path = tmp_path / "tiny.py"
+    path.write_text(_TINY.format(lra=str(tmp_path / "lra")))
+    wd = tmp_path / "cmp"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "sptlib.compare", f"--config={path}",
+                        f"--workdir={wd}", "--jobs=2"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "job 2/2: shard 1/2" in p.stdout
+    shards = [json.loads((wd / f"comparison.shard{i}of2.json").read_text()) for i in range(2)]
+    seeds = [[r["seed"] for r in records] for records in shards]
+    assert sorted(seeds) == [[0], [1]]
+    # The parent found both runs finished and wrote the table of both.
+    assert "2 runs, 2 already finished, 0 to run" in p.stdout
+    table = (wd / "comparison.md").read_text()
+    assert "(2)" in table
+    # One generation only: no folder moved aside by a second generator.
+    assert not [n for n in os.listdir(tmp_path / "lra") if ".replaced-" in n]
