@@ -18,6 +18,8 @@ import shlex
 import sys
 import tempfile
 
+from sptlib.bench import common, mixers, peers, pipeline, report, train
+
 SECTIONS = ("mixers", "train", "pipeline", "matmul", "peer")  # peer: only with --peer
 
 
@@ -100,14 +102,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.child is not None:
-        from sptlib.bench import mixers
         mixers.main_child(args.child)
         return 0
     bad = [s for s in args.only if s not in SECTIONS]
     if bad:
         raise SystemExit(f"--only: unknown sections {bad}; known: {SECTIONS}")
 
-    from sptlib.bench import common, mixers, peers, pipeline, report, train
     q = args.quick
     if args.peer:
         peers.require(args.peer)  # fail in a second, not after the other sections

@@ -19,9 +19,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 import ml_collections
 import numpy as np
 
+from sptlib import models
 from sptlib.bench import common
 from sptlib.train import setup, sharding
 
@@ -130,7 +132,6 @@ def synthetic_batch(info, batch_size, length, seed=0):
 
 def _model_flops(model_cfg, head, objective, variables, batch):
     """FLOPs of one loss gradient (forward + backward) with unrolled layers, no remat."""
-    from sptlib import models
     cfg = ml_collections.ConfigDict(model_cfg.to_dict())
     cfg.scan_layers = False
     cfg.remat = False
@@ -154,7 +155,6 @@ def _model_flops(model_cfg, head, objective, variables, batch):
 
 
 def _unbox(tree):
-    from flax import linen as nn
     return nn.unbox(tree)
 
 

@@ -23,6 +23,7 @@ import os
 
 import numpy as np
 
+from sptlib.data import sources
 from sptlib.data.errors import DataError, located
 from sptlib.data.release import check_count, write_atomically
 from sptlib.errors import ConfigError
@@ -303,14 +304,12 @@ class PathfinderSource:
         return len(self.labels)
 
     def __getitem__(self, i):
-        from sptlib.data import sources
         img = load_png(self.paths[i], self.resolution, self.where[i])
         ex = sources.encode_values(img.reshape(-1, 1), self.input_type)
         ex.update(label=self.labels[i], example_mask=np.bool_(True))
         return ex
 
     def filler(self):
-        from sptlib.data import sources
         ex = sources.filler_values(self.input_type, self.resolution ** 2, 1)
         ex.update(label=np.int32(0), example_mask=np.bool_(False))
         return ex

@@ -15,7 +15,7 @@ from typing import Any, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from sptlib.layers import inits
+from sptlib.layers import get_mixer, inits
 
 NORMS = ("layer", "batch")
 
@@ -74,7 +74,6 @@ class FeedForward(nn.Module):
 
 def mixer_class(name):
     """Mixer class by registry name (import deferred: SSM modules load only when used)."""
-    from sptlib.layers import get_mixer
     return get_mixer(name)
 
 
