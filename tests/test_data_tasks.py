@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from sptlib.data import aan, data_config, fashion_mnist, get_task
+from sptlib.data import aan, data_config, fashion_mnist, get_task, sequence_length
 from sptlib.data.errors import DataError
 
 
@@ -154,3 +154,18 @@ def test_lra_tfds_builders_match_file_readers(tmp_path):
             assert a.keys() == b.keys()
             for k in a:
                 np.testing.assert_array_equal(a[k], b[k], err_msg=f"{task_name}/{k}")
+
+
+@pytest.mark.parametrize("task,fields,want", [
+    ("listops", {}, 2000), ("listops", {"max_length": 300}, 300),
+    ("lines", {}, 256), ("lines", {"resolution": 8}, 64),
+    ("pathfinder", {"resolution": 16}, 256),
+])
+def test_sequence_length_is_the_built_tasks_length(tmp_path, task, fields, want):
+    """`sequence_length(config.data)` reads no data, yet equals the built Task's max_length."""
+    cfg = data_config()
+    cfg.update(task=task, lra_dir=str(tmp_path), **fields)
+    cfg.generate.update(enabled=True, num_train=8, num_val=2, num_test=2, min_length=10,
+                        max_length=40)
+    assert sequence_length(cfg) == want
+    assert get_task(cfg).info["max_length"] == want
