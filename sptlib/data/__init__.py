@@ -1,12 +1,13 @@
 """Data: LRA readers and TFDS builders, generators, offline data, tokenisers, grain pipelines.
 
-Public API: `data_config()` (the `config.data` schema), `sequence_length(config.data)` (a task's
-length from its config alone) and `get_task(config.data) -> Task` with `task.info` and
+Public API: `data_config()` (the `config.data` schema), `task_info(config.data)` and
+`sequence_length(config.data)` (a task's `info` and length from its config alone, JAX-free) and `get_task(config.data) -> Task` with `task.info` and
 `task.make_iterator(split, *, batch_size, seed, ...)`; see docs/data.md. A new task is a builder
 `@sptlib.data.task.register(name)` beside its reader, imported by `sptlib/data/tasks.py`.
 """
 
-from sptlib.data.config import TASKS, data_config, sequence_length
+from sptlib.data.config import TASKS, data_config
+from sptlib.data.defaults import sequence_length, task_info
 
 
 def get_task(data_cfg):
@@ -17,4 +18,4 @@ def get_task(data_cfg):
     return tasks.get_task(data_cfg)
 
 
-__all__ = ["TASKS", "data_config", "get_task", "sequence_length"]
+__all__ = ["TASKS", "data_config", "get_task", "sequence_length", "task_info"]

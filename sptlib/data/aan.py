@@ -10,9 +10,9 @@ import os
 import numpy as np
 
 from sptlib.data import sources, tokenizers
-from sptlib.data.config import sequence_length
+from sptlib.data.defaults import sequence_length, task_info
 from sptlib.data.errors import DataError, located
-from sptlib.data.task import Task, check_tokens, info, missing_lra_error, register
+from sptlib.data.task import Task, check_tokens, missing_lra_error, register
 
 FOLDER = "tsv_data"
 SPLIT_FILES = {"train": "new_aan_pairs.train.tsv", "validation": "new_aan_pairs.eval.tsv",
@@ -77,6 +77,4 @@ def build(cfg):
             d1, d2, labels = read_split(split_path(cfg.lra_dir, split))
             return sources.PairTokenSource(d1, d2, labels, max_length,
                                            id_offset=tokenizers.vocab.NUM_SPECIAL)
-    task_info = info("retrieval", vocab_size=tokenizers.BYTE_VOCAB_SIZE, num_classes=2,
-                     max_length=max_length, input_type="tokens", pair=True)
-    return Task(cfg, task_info, load)
+    return Task(cfg, task_info(cfg), load)

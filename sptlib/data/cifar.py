@@ -5,9 +5,9 @@ Train is the first 45k training images, validation the last 5k, test the test se
 
 import numpy as np
 
-from sptlib.data import sources, tokenizers
-from sptlib.data.config import CIFAR_LENGTH, sequence_length
-from sptlib.data.task import Task, info, register
+from sptlib.data import sources
+from sptlib.data.defaults import CIFAR_LENGTH, task_info
+from sptlib.data.task import Task, register
 
 SPLITS = {"train": "train[:45000]", "validation": "train[45000:]", "test": "test"}
 
@@ -21,7 +21,6 @@ def greyscale(rgb):
 def build_cifar(cfg, rgb):
     """The `image` (greyscale) or `scifar` (RGB) Task."""
     channels = 3 if rgb else 1
-    tokens = cfg.input_type == "tokens"
 
     def decode(rec):
         img = np.asarray(rec["image"])
@@ -37,11 +36,7 @@ def build_cifar(cfg, rgb):
 
     load = lambda split: sources.MappedSource(  # noqa: E731
         sources.tfds_source("cifar10", SPLITS[split], cfg), decode, filler)
-    # Tokens of RGB images interleave the channels (sequence_length: 3072 ids per image).
-    task_info = info(cfg.task, vocab_size=tokenizers.PIXEL_VOCAB_SIZE if tokens else 0,
-                     num_classes=10, max_length=sequence_length(cfg), input_type=cfg.input_type,
-                     d_input=1 if tokens else channels)
-    return Task(cfg, task_info, load)
+    return Task(cfg, task_info(cfg), load)
 
 
 register("image")(lambda cfg: build_cifar(cfg, rgb=False))

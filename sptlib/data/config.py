@@ -11,32 +11,6 @@ from sptlib.data import lm
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
          "speech_commands", "fashion_mnist", "lines", "code_lm", "pg19", "lm1b",
          "arxiv")
-# Sequence length when `max_length` is 0 (speech_commands: one second at 16 kHz).
-DEFAULT_LENGTHS = {"listops": 2000, "text": 4096, "retrieval": 4000, "speech_commands": 16000,
-                   **{name: lm.DEFAULT_LENGTH for name in lm.LM_TASKS}}
-# Image side when `resolution` is 0; these tasks are resolution x resolution long.
-DEFAULT_RESOLUTIONS = {"pathfinder": 32, "pathx": 128, "pathx256": 256, "lines": 16,
-                       "fashion_mnist": 28}
-CIFAR_LENGTH = 32 * 32
-
-
-def resolution(cfg) -> int:
-    """Image side of an image-grid task (`DEFAULT_RESOLUTIONS`) from its `config.data`."""
-    return int(cfg.resolution) or DEFAULT_RESOLUTIONS[cfg.task]
-
-
-def sequence_length(cfg) -> int:
-    """The task's `Task.info['max_length']`, from `config.data` alone (no data is read).
-
-    The builders take their length from here, so a FLOP estimate and the trained model agree.
-    """
-    if cfg.task in DEFAULT_RESOLUTIONS:
-        return resolution(cfg) ** 2
-    if cfg.task in ("image", "scifar"):
-        # Tokens of RGB images interleave the channels: 3072 ids per image.
-        rgb_tokens = cfg.task == "scifar" and cfg.input_type == "tokens"
-        return CIFAR_LENGTH * (3 if rgb_tokens else 1)
-    return int(cfg.max_length) or DEFAULT_LENGTHS[cfg.task]
 
 
 def data_config():

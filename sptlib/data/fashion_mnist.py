@@ -12,10 +12,10 @@ import struct
 
 import numpy as np
 
-from sptlib.data import sources, tokenizers
-from sptlib.data.config import resolution as task_resolution
+from sptlib.data import sources
+from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.errors import DataError
-from sptlib.data.task import Task, info, register
+from sptlib.data.task import Task, register
 
 INSTALL_HINT = ("install it with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu) "
                 "or set config.data.fashion_mnist_dir to a folder with the idx files")
@@ -95,7 +95,4 @@ def build(cfg):
     # Fail early, with the install hint, if the files are missing.
     if not os.path.isdir(cfg.fashion_mnist_dir):
         load(cfg.fashion_mnist_dir, "test", res)
-    tokens = cfg.input_type == "tokens"
-    task_info = info("fashion_mnist", vocab_size=tokenizers.PIXEL_VOCAB_SIZE if tokens else 0,
-                     num_classes=10, max_length=res * res, input_type=cfg.input_type)
-    return Task(cfg, task_info, read)
+    return Task(cfg, task_info(cfg), read)

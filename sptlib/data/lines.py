@@ -21,10 +21,10 @@ import logging
 
 import numpy as np
 
-from sptlib.data import sources, tokenizers
-from sptlib.data.config import resolution as task_resolution
+from sptlib.data import sources
+from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.release import check_count
-from sptlib.data.task import Task, info, register
+from sptlib.data.task import Task, register
 from sptlib.errors import ConfigError
 
 NUM_CLASSES = 4
@@ -156,7 +156,4 @@ def build(cfg):
         images, labels = state["splits"][split_name]
         return sources.ArraySource(images.reshape(len(images), -1, 1), labels, cfg.input_type)
 
-    tokens = cfg.input_type == "tokens"
-    task_info = info("lines", vocab_size=tokenizers.PIXEL_VOCAB_SIZE if tokens else 0,
-                     num_classes=NUM_CLASSES, max_length=res * res, input_type=cfg.input_type)
-    return Task(cfg, task_info, load)
+    return Task(cfg, task_info(cfg), load)

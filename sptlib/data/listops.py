@@ -19,10 +19,10 @@ import random
 import numpy as np
 
 from sptlib.data import sources, tokenizers
-from sptlib.data.config import sequence_length
+from sptlib.data.defaults import sequence_length, task_info
 from sptlib.data.errors import DataError, located
 from sptlib.data.release import check_count, write_atomically
-from sptlib.data.task import Task, check_tokens, info, missing_lra_error, register
+from sptlib.data.task import Task, check_tokens, missing_lra_error, register
 from sptlib.errors import ConfigError
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -255,6 +255,4 @@ def build(cfg):
             seqs, labels = read_split(split_path(cfg.lra_dir, split))
             return sources.TokenSource(seqs, labels, max_length)
 
-    task_info = info("listops", vocab_size=tokenizers.LISTOPS_VOCAB_SIZE, num_classes=10,
-                     max_length=max_length, input_type="tokens")
-    return Task(cfg, task_info, load)
+    return Task(cfg, task_info(cfg), load)

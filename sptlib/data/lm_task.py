@@ -7,8 +7,8 @@ first `data.lm.eval_tokens` tokens when that is set, so longer windows see the s
 """
 
 from sptlib.data import lm
-from sptlib.data.config import sequence_length
-from sptlib.data.task import Task, check_tokens, info, register
+from sptlib.data.defaults import sequence_length, task_info
+from sptlib.data.task import Task, check_tokens, register
 
 DEFAULT_LENGTH = lm.DEFAULT_LENGTH  # re-exported for sptlib.train.setup
 
@@ -26,8 +26,7 @@ def build(cfg):
             stream = lm.tfds_stream(cfg.task, split, cfg, max_tokens=limit)
         return lm.WindowSource(stream, length, limit_tokens=limit)
 
-    task_info = info(cfg.task, vocab_size=lm.vocab_size(cfg), num_classes=0, max_length=length,
-                     input_type="tokens")
+    info = task_info(cfg)
     if cfg.task == "code_lm":
-        task_info["corpus_checksum"] = lm.corpus_for(cfg.lm).manifest["checksum"]
-    return Task(cfg, task_info, load)
+        info["corpus_checksum"] = lm.corpus_for(cfg.lm).manifest["checksum"]
+    return Task(cfg, info, load)

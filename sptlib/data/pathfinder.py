@@ -23,11 +23,11 @@ import os
 
 import numpy as np
 
-from sptlib.data import sources, tokenizers
-from sptlib.data.config import resolution as task_resolution
+from sptlib.data import sources
+from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.errors import DataError, located
 from sptlib.data.release import check_count, write_atomically
-from sptlib.data.task import Task, info, missing_lra_error, register
+from sptlib.data.task import Task, missing_lra_error, register
 from sptlib.errors import ConfigError
 
 DIFFICULTIES = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
@@ -361,7 +361,4 @@ def build(cfg):
         return PathfinderSource(split_entries(entries, split), res, cfg.input_type,
                                 num_empty=empty)
 
-    tokens = cfg.input_type == "tokens"
-    task_info = info(cfg.task, vocab_size=tokenizers.PIXEL_VOCAB_SIZE if tokens else 0,
-                     num_classes=2, max_length=max_length, input_type=cfg.input_type)
-    return Task(cfg, task_info, load)
+    return Task(cfg, task_info(cfg), load)

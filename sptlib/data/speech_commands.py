@@ -19,9 +19,9 @@ import wave
 import numpy as np
 
 from sptlib.data import sources, tokenizers
-from sptlib.data.config import sequence_length
+from sptlib.data.defaults import sequence_length, task_info
 from sptlib.data.errors import DataError, located
-from sptlib.data.task import Task, info, register
+from sptlib.data.task import Task, register
 
 WORDS = tuple(sorted((
     "backward", "bed", "bird", "cat", "dog", "down", "eight", "five", "follow", "forward",
@@ -175,7 +175,4 @@ def build(cfg):
     else:
         def load(split):
             return SpeechCommandsSource(root, list_split(root, split), length, cfg.input_type)
-    tokens = cfg.input_type == "tokens"
-    task_info = info("speech_commands", vocab_size=tokenizers.PIXEL_VOCAB_SIZE if tokens else 0,
-                     num_classes=NUM_CLASSES, max_length=length, input_type=cfg.input_type)
-    return Task(cfg, task_info, load)
+    return Task(cfg, task_info(cfg), load)

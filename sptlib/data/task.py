@@ -1,4 +1,4 @@
-"""What every task builder makes and uses: `Task`, `info`, `register` (docs/architecture.md).
+"""What every task builder uses: `Task` and `register` (its `info` is `defaults.task_info`).
 
 A task's builder lives beside its reader (e.g. `listops.build` in `listops.py`) and registers
 itself with `@register(name)`; `sptlib.data.get_task` (in `tasks.py`) imports every builder
@@ -70,12 +70,6 @@ class Task:
             num_epochs=num_epochs, drop_remainder=drop_remainder,
             num_workers=int(self.cfg.num_workers), read_threads=int(self.cfg.read_threads),
             prefetch_buffer_size=int(self.cfg.prefetch_buffer_size))
-
-
-def info(name, *, vocab_size, num_classes, max_length, input_type, d_input=1, pair=False):
-    """A task's `Task.info` dict (fields as in the `Task` docstring)."""
-    return dict(name=name, vocab_size=vocab_size, num_classes=num_classes, max_length=max_length,
-                input_type=input_type, d_input=d_input, pair=pair)
 
 
 def missing_lra_error(lra_dir, expected, task, generate_cmd=None):

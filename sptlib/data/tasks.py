@@ -14,7 +14,7 @@ importing the modules below fills the registry. Task defaults (LRA / the SPT pap
   lines            R x R (default 16 x 16), 4 classes      generated in memory (lines.py)
   code_lm          causal LM, bytes, windows of 512        Python source of installed packages
   pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (lm.py, lm_task.py)
-Sequence lengths (`Task.info['max_length']`) come from `sptlib.data.config.sequence_length`.
+Every `Task.info` (and so its sequence length) is `sptlib.data.defaults.task_info(config.data)`.
 """
 
 # Imported for their `register` calls: every task's builder.

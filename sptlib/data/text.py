@@ -3,8 +3,8 @@
 import numpy as np
 
 from sptlib.data import sources, tokenizers
-from sptlib.data.config import sequence_length
-from sptlib.data.task import Task, check_tokens, info, register
+from sptlib.data.defaults import sequence_length, task_info
+from sptlib.data.task import Task, check_tokens, register
 
 # LRA uses the IMDB test split for both validation and test.
 SPLITS = {"train": "train", "validation": "test", "test": "test"}
@@ -46,6 +46,4 @@ def build(cfg):
     max_length = sequence_length(cfg)
     load = lambda split: TextSource(  # noqa: E731
         sources.tfds_source("imdb_reviews", SPLITS[split], cfg), max_length)
-    task_info = info("text", vocab_size=tokenizers.BYTE_VOCAB_SIZE, num_classes=2,
-                     max_length=max_length, input_type="tokens")
-    return Task(cfg, task_info, load)
+    return Task(cfg, task_info(cfg), load)
