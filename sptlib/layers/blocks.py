@@ -15,13 +15,11 @@ from typing import Any, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from sptlib.layers import get_mixer, inits
+from sptlib.layers import get_mixer
+from sptlib.layers import initializers as inits
+from sptlib.layers.initializers import boxed as _boxed
 
 NORMS = ("layer", "batch")
-
-
-def _boxed(init, names):
-    return nn.with_logical_partitioning(init, names)
 
 
 class Norm(nn.Module):

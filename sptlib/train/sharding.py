@@ -129,6 +129,11 @@ def _multihost_env():
     return False
 
 
+def is_main_process():
+    """True on the process that writes logs and files (process 0)."""
+    return jax.process_index() == 0
+
+
 def maybe_initialize_distributed(cfg):
     """Calls `jax.distributed.initialize` when this is a multi-process run; else nothing.
 
