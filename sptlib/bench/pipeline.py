@@ -14,7 +14,7 @@ import time
 import ml_collections
 
 from sptlib.bench import common
-from sptlib.bench.train import load_config
+from sptlib.bench.train_step import load_config
 from sptlib.data import get_task, listops, pathfinder
 
 PIPELINE_TARGET = 10.0  # pipeline examples/s >= 10x what the train step consumes
