@@ -7,11 +7,12 @@ reference (a step-by-step scan of the same discretised system) used by the tests
 
 from sptlib.kernels.attention import chunked_attention, dot_product_attention, rotary_embedding
 from sptlib.kernels.conv import (
-    bidirectional_kernel_spectrum, direct_conv, fft_conv, fft_conv_bidirectional, fft_size)
+    bidirectional_kernel_spectrum, direct_conv, fft_conv, fft_conv_bidirectional, fft_size,
+    ssm_conv)
 from sptlib.kernels.diagonal import (
-    diagonal_recurrence, dlr_kernel, dlr_log_lambda, dlr_recurrent_kernel, dss_discretize,
-    dss_kernel, dss_recurrent_kernel, impulse_response, s4d_discretize, s4d_kernel,
-    s4d_recurrent_kernel, vandermonde_sum)
+    diagonal_recurrence, diagonal_step, dlr_kernel, dlr_log_lambda, dlr_recurrent_kernel,
+    dss_discretize, dss_kernel, dss_recurrent_kernel, impulse_response, s4d_discretize,
+    s4d_kernel, s4d_recurrent_kernel, vandermonde_sum)
 from sptlib.kernels.init import hippo_legs, nplr_legs, s4d_init
 from sptlib.kernels.s4 import (
     s4_dense, s4_full, s4_kernel, s4_output_matrix, s4_recurrent_kernel, s4_step)
@@ -20,10 +21,10 @@ from sptlib.kernels.s5 import s5_discretize, s5_input, s5_output, s5_recurrent, 
 __all__ = [
     "chunked_attention", "dot_product_attention", "rotary_embedding",
     "bidirectional_kernel_spectrum", "direct_conv", "fft_conv", "fft_conv_bidirectional",
-    "fft_size", "diagonal_recurrence", "dlr_kernel", "dlr_log_lambda", "dlr_recurrent_kernel",
-    "dss_discretize", "dss_kernel", "dss_recurrent_kernel", "impulse_response",
-    "s4d_discretize", "s4d_kernel", "s4d_recurrent_kernel", "vandermonde_sum", "hippo_legs",
-    "nplr_legs", "s4d_init", "s4_dense", "s4_full", "s4_kernel",
-    "s4_output_matrix", "s4_recurrent_kernel", "s4_step", "s5_discretize", "s5_input",
-    "s5_output", "s5_recurrent", "s5_scan",
+    "fft_size", "ssm_conv", "diagonal_recurrence", "diagonal_step", "dlr_kernel", "dlr_log_lambda",
+    "dlr_recurrent_kernel", "dss_discretize", "dss_kernel", "dss_recurrent_kernel",
+    "impulse_response", "s4d_discretize", "s4d_kernel", "s4d_recurrent_kernel", "vandermonde_sum",
+    "hippo_legs", "nplr_legs", "s4d_init", "s4_dense", "s4_full", "s4_kernel", "s4_output_matrix",
+    "s4_recurrent_kernel", "s4_step", "s5_discretize", "s5_input", "s5_output", "s5_recurrent",
+    "s5_scan",
 ]

@@ -49,7 +49,7 @@ def rotary_embedding(x, positions, base=10000.0):
 # Attention kernels: q, k, v are [batch, length, heads, head_dim]; q is already scaled.
 # ---------------------------------------------------------------------------------------------
 
-def allowed(q_pos, k_pos, causal, window):
+def allowed_pairs(q_pos, k_pos, causal, window):
     """Boolean `[len_q, len_k]` of (query, key) pairs allowed by the causal mask and the band."""
     diff = q_pos[:, None] - k_pos[None, :]
     allowed = jnp.ones(diff.shape, bool)
@@ -79,7 +79,7 @@ def dot_product_attention(q, k, v, key_mask=None, *, causal=False, window=0):
     # Only the masks that apply, each broadcast where it is used.
     if causal or window:
         pos = jnp.arange(length)
-        scores = jnp.where(allowed(pos, pos, causal, window), scores, MASK_VALUE)
+        scores = jnp.where(allowed_pairs(pos, pos, causal, window), scores, MASK_VALUE)
     if key_mask is not None:
         scores = jnp.where(key_mask[:, None, None, :], scores, MASK_VALUE)
     weights = jax.nn.softmax(scores, axis=-1)
@@ -137,7 +137,7 @@ def _chunk_plan(n, c, causal, window):
 def _block_allowed(i, j, valid, m_j, c, causal, window):
     """Bool `[batch, 1, c, c]`: allowed (query, key) pairs of query chunk i and key chunk j."""
     pos = jnp.arange(c)
-    allowed = allowed(i * c + pos, j * c + pos, causal, window)
+    allowed = allowed_pairs(i * c + pos, j * c + pos, causal, window)
     # A clamped out-of-range chunk index must count for nothing (never visited anyway: lax.cond).
     return (allowed & valid)[None, None] & m_j[:, None, None, :]
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from sptlib.kernels.attention import (MASK_VALUE, allowed, chunked_attention,
+from sptlib.kernels.attention import (MASK_VALUE, allowed_pairs, chunked_attention,
                                       dot_product_attention, rotary_embedding)
 from sptlib.layers import initializers
 
@@ -175,7 +175,7 @@ class MultiHeadAttention(nn.Module):
                                                  v[:, None].astype(state["value"].dtype),
                                                  index, axis=1)
         scores = jnp.einsum("bhd,bmhd->bhm", q, keys, preferred_element_type=jnp.float32)
-        allowed = allowed(index[None], jnp.arange(keys.shape[1]), True, self.window)[0]
+        allowed = allowed_pairs(index[None], jnp.arange(keys.shape[1]), True, self.window)[0]
         scores = jnp.where(allowed, scores, MASK_VALUE)
         weights = jax.nn.softmax(scores, axis=-1)
         o = jnp.einsum("bhm,bmhd->bhd", weights.astype(values.dtype), values,

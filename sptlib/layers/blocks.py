@@ -55,7 +55,7 @@ class FeedForward(nn.Module):
     mult: float = 2
     dropout: float = 0.0
     dtype: Any = jnp.float32
-    init_scheme: str = "linen"  # linen | torch (sptlib.layers.inits)
+    init_scheme: str = "linen"  # linen | torch (sptlib.layers.initializers)
 
     @nn.compact
     def __call__(self, x, *, deterministic=True):
@@ -87,7 +87,7 @@ class ResidualBlock(nn.Module):
       d_model, causal, dropout: passed to the mixer; dropout also on both residual branches.
       norm: ``layer`` | ``batch``.  prenorm: pre-norm (True) or post-norm (False).
       ffn_mult: FFN width multiplier; 0 = no FFN sub-block.
-      init_scheme: linen | torch initialisation of the FFN (`sptlib.layers.inits`); attention
+      init_scheme: linen | torch initialisation of the FFN (`sptlib.layers.initializers`); attention
         mixers take theirs from `mixer_options`.
     """
     mixer: str

@@ -32,6 +32,7 @@ import numpy as np
 from sptlib import kernels
 from sptlib.layers.initializers import boxed, log_uniform
 from sptlib.layers.param_groups import ssm_group
+from sptlib.layers.ssm_block import as_complex
 
 
 class GSSBlock(nn.Module):
@@ -90,7 +91,7 @@ class GSSBlock(nn.Module):
 
     def kernel(self, length):
         """`[n_dir, H, length]` simplified DSS kernels."""
-        c = jax.lax.complex(self.C[..., 0], self.C[..., 1])
+        c = as_complex(self.C)
         return kernels.dss_kernel(self._lambda(), c, jnp.zeros((self._h,)), length, "exp")
 
     def _gelu(self, x):
@@ -112,11 +113,7 @@ class GSSBlock(nn.Module):
         v, u = self._pre(x)
         if mask is not None:
             u = jnp.where(mask[..., None], u, 0.0)  # pads never reach the convolution
-        k = self.kernel(x.shape[1])
-        if self.causal:
-            y = kernels.fft_conv(u, k[0], self.D)
-        else:
-            y = kernels.fft_conv_bidirectional(u, k[0], k[1], self.D)
+        y = kernels.ssm_conv(u, self.kernel(x.shape[1]), self.D, causal=self.causal)
         return self._post(y, v, x, deterministic)
 
     def _require_causal(self):
@@ -132,8 +129,7 @@ class GSSBlock(nn.Module):
         """x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""
         self._require_causal()
         v, u = self._pre(x_t)
-        c = jax.lax.complex(self.C[0, ..., 0], self.C[0, ..., 1])
+        c = as_complex(self.C[0])
         dA, dB, c = kernels.dss_discretize(self._lambda(), c, jnp.zeros((self._h,)), None, "exp")
-        x = dA * state["x"] + dB * u[..., None]
-        y = jnp.sum(c * x, axis=-1).real + self.D * u
-        return self._post(y, v, x_t, True), {"x": x}
+        y, x = kernels.diagonal_step(state["x"], u, dA, dB, c)
+        return self._post(y + self.D * u, v, x_t, True), {"x": x}

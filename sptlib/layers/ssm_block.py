@@ -120,10 +120,7 @@ class ConvSSM(SSMBlock):
         raise NotImplementedError
 
     def _ssm(self, x):
-        k = self.kernel(x.shape[1])
-        if self.causal:
-            return kernels.fft_conv(x, k[0], self.D)
-        return kernels.fft_conv_bidirectional(x, k[0], k[1], self.D)
+        return kernels.ssm_conv(x, self.kernel(x.shape[1]), self.D, causal=self.causal)
 
     # Output matrices depending on the length are carried in the state.
     _length_dependent_c = False
@@ -143,6 +140,5 @@ class ConvSSM(SSMBlock):
         dA, dB, c = self._diag(1)
         if self._length_dependent_c:
             c = state["C"]
-        x = dA * state["x"] + dB * x_t[..., None]
-        y = jnp.sum(c * x, axis=-1).real
+        y, x = kernels.diagonal_step(state["x"], x_t, dA, dB, c)
         return y, dict(state, x=x)
