@@ -26,6 +26,8 @@ INSTALL_REQUIRES = [
 ]
 
 LIBTPU = "libtpu==0.0.42.*"
+RUFF = "ruff==0.17.6"
+TEST_REQUIRES = ["pytest", "pytest-xdist", "pytest-timeout", LIBTPU]
 
 setup(
     name="sptlib",
@@ -39,7 +41,9 @@ setup(
         # with it on any machine; training on TPU VMs uses it too. CPU training never needs it.
         "tpu": [LIBTPU],
         # The tests compile PathX steps for a TPU slice (tests/test_aot.py), so they need it.
-        "test": ["pytest", "pytest-xdist", "pytest-timeout", LIBTPU],
+        "test": TEST_REQUIRES,
+        # The test suite plus the linter that .ci/run applies (rules in ruff.toml).
+        "dev": TEST_REQUIRES + [RUFF],
         # SentencePiece for the paper-size GSS language models (experiments/gss_lm.py); never
         # needed on CPU or in tests.
         "lm": ["sentencepiece"],

@@ -1,8 +1,8 @@
 """Slurm launcher for GPU clusters: renders `launch/slurm.sbatch` and submits it with `sbatch`.
 
     python -m launch.slurm --nodes=2 --gpus-per-node=8 --time=24:00:00 --partition=gpu \
-        --config=experiments/pathx_s4.py --workdir=/shared/runs/pathx_s4 [--dry-run] \
-        [-- --config.stages.finetune.num_steps=1000]
+        --config=experiments/lra.py:pathx,s4,spt-masked --workdir=/shared/runs/pathx_s4 \
+        [--dry-run] [-- --config.stages.finetune.num_steps=1000]
 
 One process per GPU (`--ntasks-per-node` = GPUs per node); `jax.distributed.initialize()`
 finds the coordinator, process count and rank in Slurm's environment, and each process drives

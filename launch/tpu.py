@@ -3,7 +3,7 @@
     python -m launch.tpu create --name=spt --zone=us-central2-b --accelerator-type=v4-32 --mode=spot
     python -m launch.tpu setup  --name=spt --zone=us-central2-b
     python -m launch.tpu run    --name=spt --zone=us-central2-b --accelerator-type=v4-32 \
-        --config=experiments/pathx_s4.py --workdir=gs://BUCKET/spt/pathx_s4
+        --config=experiments/lra.py:pathx,s4,spt-masked --workdir=gs://BUCKET/spt/pathx_s4
     python -m launch.tpu logs   --name=spt --zone=us-central2-b --run-name=pathx_s4 --follow
     python -m launch.tpu delete --name=spt --zone=us-central2-b
     python -m launch.tpu up ...   # create (wait until ACTIVE) + setup + run, one command

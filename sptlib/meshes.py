@@ -34,8 +34,9 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
+# The one home of the mesh axis names (sptlib.train.sharding and the launchers use these).
 MESH_AXES = ("data", "fsdp", "tensor")
-ICI_KEYS = ("data", "fsdp", "tensor")
+ICI_KEYS = MESH_AXES  # config.mesh keys of the per-slice axis sizes
 DCN_KEYS = ("dcn_data", "dcn_fsdp")
 
 # Per TPU generation: how the number in the accelerator name converts to JAX devices, how many
@@ -265,10 +266,14 @@ def device_array(mesh_cfg: Any, devices: Sequence[Any] | None = None) -> np.ndar
 
 def build_mesh(mesh_cfg: Any, devices: Sequence[Any] | None = None):
     """A `jax.sharding.Mesh` with axes `("data", "fsdp", "tensor")` (Auto axis types)."""
-    import jax
+    return mesh_of(device_array(mesh_cfg, devices))
 
-    arr = device_array(mesh_cfg, devices)
-    return jax.sharding.Mesh(arr, MESH_AXES,
+
+def mesh_of(device_arr):
+    """A `jax.sharding.Mesh` over a `[data, fsdp, tensor]` device array (Auto axis types)."""
+    import jax  # Deferred: importing this module must not start a JAX backend.
+
+    return jax.sharding.Mesh(device_arr, MESH_AXES,
                              axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 

@@ -62,7 +62,7 @@ def main():
         state, metrics = train_step(state, gb)
         losses.append(float(metrics["loss"][0] / metrics["loss"][1]))
     result = {"losses": losses, "fingerprint": steps.params_fingerprint(state.params),
-              "process_index": i, "process_count": n, "main": steps.is_main_process(),
+              "process_index": i, "process_count": n, "main": sharding.is_main_process(),
               "sharded": any(not x.is_fully_addressable for x in jax.tree.leaves(state.params))}
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump(result, f)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib.bench import common, mixers, report, train
+from sptlib.bench import common, markdown, mixers, train_step
 
 REQUIRED = ("name", "kind", "length", "tokens_per_s", "peak_bytes", "seconds")
 
@@ -123,14 +123,14 @@ def test_attention_ratio_pairs_plain_and_chunked():
 
 def test_task_info_matches_the_data_builder(tmp_path):
     from sptlib.data import get_task
-    cfg = train.load_config("smoke.py")
+    cfg = train_step.load_config("smoke.py")
     data = cfg.data
     data.lra_dir = str(tmp_path)
     data.generate.num_train, data.generate.num_val, data.generate.num_test = 8, 4, 4
     want = get_task(data).info
-    got = train.task_info(data)
+    got = train_step.task_info(data)
     assert got == {k: want[k] for k in got}
-    batch = train.synthetic_batch(got, 3, 17)
+    batch = train_step.synthetic_batch(got, 3, 17)
     assert batch["inputs"].shape == (3, 17) and batch["inputs"].dtype == np.int32
     assert batch["inputs"].min() >= 2 and batch["inputs"].max() < got["vocab_size"]
     assert batch["label"].max() < got["num_classes"] and batch["mask"].all()
@@ -138,7 +138,7 @@ def test_task_info_matches_the_data_builder(tmp_path):
 
 def test_synthetic_batch_continuous_and_pair():
     info = dict(input_type="continuous", d_input=3, num_classes=10, vocab_size=0, pair=True)
-    b = train.synthetic_batch(info, 2, 5)
+    b = train_step.synthetic_batch(info, 2, 5)
     assert b["inputs"].shape == (2, 5, 3) and b["raw"].shape == (2, 5, 3)
     np.testing.assert_allclose(b["inputs"], b["raw"] / 127.5 - 1.0, atol=1e-6)
     assert b["inputs2"].shape == (2, 5, 3) and b["mask2"].shape == (2, 5)
@@ -150,9 +150,9 @@ def test_report_write_replaces_only_its_section(tmp_path):
     machine = common.machine_info()
     rec = {"name": "s4d", "kind": "forward", "length": 8, "seconds": 0.5, "tokens_per_s": 16.0,
            "peak_bytes": 1024, "memory_method": "xla_memory_analysis"}
-    report.write(path, report.render([rec], machine, "cmd A", section="full"), section="full")
-    report.write(path, report.render([rec], machine, "cmd Q", section="quick"), section="quick")
-    report.write(path, report.render([rec], machine, "cmd A2", section="full"), section="full")
+    markdown.write(path, markdown.render([rec], machine, "cmd A", section="full"), section="full")
+    markdown.write(path, markdown.render([rec], machine, "cmd Q", section="quick"), section="quick")
+    markdown.write(path, markdown.render([rec], machine, "cmd A2", section="full"), section="full")
     text = path.read_text()
     assert text.startswith("# B\n\nintro\n")
     assert "cmd A2" in text and "cmd Q" in text and "`cmd A`" not in text
@@ -161,7 +161,7 @@ def test_report_write_replaces_only_its_section(tmp_path):
 
 def test_train_step_record_on_the_smoke_config():
     # A real engine step on the smoke config (tiny), shortened; FLOPs against a hand count.
-    rec = train.bench_config("smoke.py", max_length=32, max_tokens=64, repeats=2,
+    rec = train_step.bench_config("smoke.py", max_length=32, max_tokens=64, repeats=2,
                              peak_flops=1e9)
     assert rec["kind"] == "train_step" and rec["length"] == 32 and rec["batch"] == 2
     assert rec["tokens_per_s"] == pytest.approx(64 / rec["seconds"], rel=1e-6)
@@ -217,7 +217,7 @@ def test_peer_row_ratio_target_and_table():
     assert rec["tokens_per_s"] == 8192 / 0.5 and rec["peer_tokens_per_s"] == 8192 / 2.5
     slow = peers._row("transformer_train_step", 256, 8192, {"sptlib": 2.0, "torch": 1.0})
     assert slow["ratio"] == 0.5 and not slow["target_met"]
-    text = report.render([rec, slow], common.machine_info(), "cmd")
+    text = markdown.render([rec, slow], common.machine_info(), "cmd")
     assert "| s4d | 1024 | 16.4k | 3.3k | **5×** |" in text
     assert text.index("Side by side with PyTorch") < text.index("| s4d |")
     assert "### Mixers" not in text   # peer rows stay out of the mixer table

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from sptlib.data import aan, data_config, fashion_mnist, get_task
+from sptlib.data import aan, data_config, fashion_mnist, get_task, sequence_length, task_info
 from sptlib.data.errors import DataError
 
 
@@ -154,3 +154,41 @@ def test_lra_tfds_builders_match_file_readers(tmp_path):
             assert a.keys() == b.keys()
             for k in a:
                 np.testing.assert_array_equal(a[k], b[k], err_msg=f"{task_name}/{k}")
+
+
+@pytest.mark.parametrize("task,fields,want", [
+    ("listops", {}, 2000), ("listops", {"max_length": 300}, 300),
+    ("lines", {}, 256), ("lines", {"resolution": 8}, 64),
+    ("pathfinder", {"resolution": 16}, 256),
+])
+def test_sequence_length_is_the_built_tasks_length(tmp_path, task, fields, want):
+    """`sequence_length(config.data)` reads no data, yet equals the built Task's max_length."""
+    cfg = data_config()
+    cfg.update(task=task, lra_dir=str(tmp_path), **fields)
+    cfg.generate.update(enabled=True, num_train=8, num_val=2, num_test=2, min_length=10,
+                        max_length=40)
+    assert sequence_length(cfg) == want
+    built = get_task(cfg).info
+    assert built["max_length"] == want and built == task_info(cfg)
+
+
+def test_task_info_matches_the_readers_and_the_offline_mirror():
+    """`task_info` (config only) agrees with the readers' class lists and, for every task and
+    input type, with the AOT/benchmark mirror `sptlib.train.setup.offline_task_info`."""
+    from sptlib.data import TASKS, defaults, lines, lm, speech_commands
+    from sptlib.train import setup
+    assert defaults.NUM_CLASSES["lines"] == len(lines.CLASS_NAMES) == lines.NUM_CLASSES
+    assert defaults.NUM_CLASSES["speech_commands"] == len(speech_commands.WORDS)
+    for task in TASKS:
+        for input_type, fields in (("tokens", {}), ("continuous", {"resolution": 14}),
+                                   ("tokens", {"max_length": 96})):
+            if input_type == "continuous" and task in (*defaults.TOKEN_ONLY, *lm.LM_TASKS):
+                continue
+            cfg = data_config()
+            cfg.update(task=task, input_type=input_type, **fields)
+            if task in ("pathfinder", "pathx", "pathx256", "lines") and "max_length" in fields:
+                continue  # fixed at resolution**2 (a builder error otherwise)
+            if task == "lines":
+                assert task_info(cfg)["max_length"] == int(fields.get("resolution", 16)) ** 2
+                continue  # the mirror has no `lines` (another reason it should call task_info)
+            assert task_info(cfg) == setup.offline_task_info(cfg), (task, input_type, fields)

@@ -1,6 +1,5 @@
-"""Optimizer: hand-computed AdamW steps per group, schedules, clipping, label fallback."""
+"""Optimizer: hand-computed AdamW steps per group, schedules, clipping, groups by module tag."""
 
-import logging
 import os
 import sys
 
@@ -13,7 +12,9 @@ from flax import linen as nn
 sys.path.insert(0, os.path.dirname(__file__))
 import _mp_common as common  # noqa: E402
 
-from sptlib.train import optim  # noqa: E402
+from sptlib.layers.param_groups import SSMParam  # noqa: E402
+from sptlib.layers.ssm import S4DMixer  # noqa: E402
+from sptlib.train import optim, steps  # noqa: E402
 
 
 def naive_adamw(p, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-8, clip=None, all_grads=None):
@@ -47,6 +48,15 @@ def params_and_grads(seed=0, steps=2):
     return params, grads
 
 
+def boxed(params):
+    """`params` as `model.init` returns them: log_dt and A_re tagged by their (SSM) module."""
+    def box(path, x):
+        names = (None,) * x.ndim
+        ssm = path[-1].key in ("log_dt", "A_re")
+        return SSMParam(x, names) if ssm else nn.LogicallyPartitioned(x, names)
+    return jax.tree_util.tree_map_with_path(box, params)
+
+
 def run(tx, params, grads):
     state = tx.init(params)
     for g in grads:
@@ -60,7 +70,7 @@ def test_ssm_group_own_lr_and_no_weight_decay():
     cfg.lr, cfg.ssm_lr, cfg.weight_decay, cfg.ssm_weight_decay = 1e-2, 1e-3, 0.1, 0.0
     cfg.schedule = "constant"
     params, grads = params_and_grads()
-    out = run(optim.make_optimizer(cfg, params, 100), params, grads)
+    out = run(optim.make_optimizer(cfg, boxed(params), 100), params, grads)
     for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
         name = path[-1].key
         ssm = name in ("log_dt", "A_re")  # C is the SSM's output map: default group
@@ -104,7 +114,7 @@ def test_warmup_applies_to_both_groups_and_clipping_is_global():
     cfg.lr, cfg.ssm_lr, cfg.warmup_steps, cfg.schedule = 1e-2, 1e-3, 2, "constant"
     cfg.grad_clip, cfg.weight_decay = 1.0, 0.0
     params, grads = params_and_grads(seed=1, steps=3)
-    out = run(optim.make_optimizer(cfg, params, 100), params, grads)
+    out = run(optim.make_optimizer(cfg, boxed(params), 100), params, grads)
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     all_grads = [[np.asarray(_get(g, path)) for g in grads] for path, _ in flat]
     for (path, p), gs in zip(flat, all_grads):
@@ -119,7 +129,7 @@ def test_no_decay_1d():
     cfg.lr, cfg.weight_decay, cfg.no_decay_1d, cfg.schedule = 0.1, 0.5, True, "constant"
     params, _ = params_and_grads()
     zeros = jax.tree.map(jnp.zeros_like, params)
-    out = run(optim.make_optimizer(cfg, params, 10), params, [zeros])
+    out = run(optim.make_optimizer(cfg, boxed(params), 10), params, [zeros])
     np.testing.assert_array_equal(out["head"]["bias"], params["head"]["bias"])
     np.testing.assert_allclose(out["head"]["kernel"], params["head"]["kernel"] * (1 - 0.05),
                                rtol=1e-6)
@@ -128,26 +138,53 @@ def test_no_decay_1d():
 def test_real_ssm_model_params_are_labelled_and_not_decayed():
     model, _ = common.build({"kind": "classify", "num_classes": 3}, mixer="s4d")
     b = common.token_batch(batch=2)
-    params = jax.jit(lambda r: nn.unbox(model.init(r, b["inputs"], b["mask"])["params"]),
-                     compiler_options={"xla_backend_optimization_level": 0})(
-                         jax.random.PRNGKey(0))
-    labels = optim.param_labels(params)
+    boxed_params = jax.jit(lambda r: model.init(r, b["inputs"], b["mask"])["params"],
+                           compiler_options={"xla_backend_optimization_level": 0})(
+                               jax.random.PRNGKey(0))
+    params = nn.unbox(boxed_params)
+    labels = optim.param_labels(boxed_params)
+    # The trainer's path: abstract shapes from state_logical_specs keep the same groups.
+    abstract, _ = steps.state_logical_specs(model, None, b)
+    assert optim.param_labels(abstract["params"]) == labels
     flat = {jax.tree_util.keystr(p): l for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]}
     assert any(l == "ssm" for l in flat.values()) and any(l == "default" for l in flat.values())
     assert all(l == "ssm" for k, l in flat.items() if "log_dt" in k)
     cfg = optim.optim_config()
     cfg.lr, cfg.ssm_lr, cfg.weight_decay, cfg.schedule = 0.1, 0.1, 0.5, "constant"
     zeros = jax.tree.map(jnp.zeros_like, params)
-    out = run(optim.make_optimizer(cfg, params, 10), params, [zeros])
+    out = run(optim.make_optimizer(cfg, boxed_params, 10), params, [zeros])
     for (path, p), o in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(out)):
         factor = 1.0 if flat[jax.tree_util.keystr(path)] == "ssm" else 1 - 0.05
         np.testing.assert_allclose(o, p * factor, rtol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
-def test_labels_fall_back_when_ssm_module_missing(monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "sptlib.layers.ssm", None)
-    params, _ = params_and_grads()
-    with caplog.at_level(logging.WARNING):
-        labels = optim.param_labels(params)
-    assert set(jax.tree.leaves(labels)) == {"default"}
-    assert "sptlib.layers.ssm" in caplog.text
+class _NotAnSSM(nn.Module):
+    """A layer whose parameters happen to carry SSM names."""
+
+    @nn.compact
+    def __call__(self, x):
+        box = lambda: nn.with_logical_partitioning(nn.initializers.ones, ("embed",))  # noqa: E731
+        return x * self.param("B", box(), x.shape[-1:]) + self.param("log_dt", box(), x.shape[-1:])
+
+
+def test_groups_come_from_the_module_not_the_leaf_name():
+    """A non-SSM parameter named `B` (or `log_dt`) stays in the default group, S4D's `B` is in
+    the SSM group, and unboxed arrays (no group) are refused rather than guessed by name."""
+    x = jnp.ones((1, 8, 4))
+    params = {"other": _NotAnSSM().init(jax.random.PRNGKey(0), x)["params"],
+              "s4d": S4DMixer(d_model=4, d_state=4).init(jax.random.PRNGKey(0), x)["params"]}
+    labels = optim.param_labels(params)
+    assert labels["other"] == {"B": "default", "log_dt": "default"}
+    assert labels["s4d"]["B"] == labels["s4d"]["log_dt"] == "ssm"
+    assert labels["s4d"]["C"] == "default"
+    # The default group really decays `other/B` and the SSM group (wd 0) leaves `s4d/B` alone.
+    cfg = optim.optim_config()
+    cfg.lr, cfg.ssm_lr, cfg.weight_decay, cfg.ssm_weight_decay = 0.1, 0.1, 0.5, 0.0
+    cfg.schedule = "constant"
+    plain = nn.unbox(params)
+    out = run(optim.make_optimizer(cfg, params, 10), plain,
+              [jax.tree.map(jnp.zeros_like, plain)])
+    np.testing.assert_allclose(out["other"]["B"], plain["other"]["B"] * (1 - 0.05), rtol=1e-6)
+    np.testing.assert_array_equal(out["s4d"]["B"], plain["s4d"]["B"])
+    with pytest.raises(ValueError, match="carries no optimiser group"):
+        optim.param_labels(plain)

@@ -149,7 +149,7 @@ def test_param_labels_and_logical_axes():
             assert isinstance(leaf, nn.LogicallyPartitioned), (name, path)
             assert len(leaf.names) == leaf.value.ndim and set(leaf.names) <= allowed
             assert leaf.value.dtype == jnp.float32  # complex values stored as (re, im) pairs
-        labels = ssm_param_labels(nn.unbox(params))
+        labels = ssm_param_labels(params)  # the group is the module's tag on the box
         flat = {jax.tree_util.keystr(p): l for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]}
         got = {k.split("'")[-2] for k, l in flat.items() if l == "ssm"}
         assert got == want, (name, got)

@@ -5,9 +5,10 @@ Modules:
             JSON-line records, machine description;
   mixers    every sequence mixer forward and forward+backward at 1k..16k, plain baselines
             (plain attention, direct convolution, sequential scan), S4D and scaling targets;
-  train     fp32 matmul peak, train steps of the experiment configs (tokens/s, compile, MFU);
+  train_step fp32 matmul peak, train steps of the experiment configs (tokens/s, compile, MFU);
   pipeline  input-pipeline examples/s against the train step's;
-  report    Markdown tables for docs/benchmarks.md.
+  markdown  Markdown tables for docs/benchmarks.md;
+  peers     side by side with the PyTorch reference blocks (`--peer torch`).
 
 Results: docs/benchmarks.md.
 """

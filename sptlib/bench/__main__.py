@@ -18,6 +18,8 @@ import shlex
 import sys
 import tempfile
 
+from sptlib.bench import common, markdown, mixers, peers, pipeline, train_step
+
 SECTIONS = ("mixers", "train", "pipeline", "matmul", "peer")  # peer: only with --peer
 
 
@@ -100,14 +102,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.child is not None:
-        from sptlib.bench import mixers
         mixers.main_child(args.child)
         return 0
     bad = [s for s in args.only if s not in SECTIONS]
     if bad:
         raise SystemExit(f"--only: unknown sections {bad}; known: {SECTIONS}")
 
-    from sptlib.bench import common, mixers, peers, pipeline, report, train
     q = args.quick
     if args.peer:
         peers.require(args.peer)  # fail in a second, not after the other sections
@@ -119,7 +119,7 @@ def main(argv=None):
             recs = [json.loads(line) for line in f if line.strip().startswith("{")]
         section = args.section or ("quick" if q else "full")
         machine = dict(common.machine_info(), loadavg_start=None)  # not this process' load
-        report.write(args.markdown, report.render(recs, machine,
+        markdown.write(args.markdown, markdown.render(recs, machine,
                                                   args.render_command, section=section),
                      section=section)
         return 0
@@ -155,11 +155,11 @@ def main(argv=None):
                     repeats=args.repeats or 3)
     matmul_sizes = (1024, 2048) if q else (2048, 4096)
     if "train" in args.only or "matmul" in args.only:
-        peak, peak_cpu = train.matmul_peak(matmul_sizes)
+        peak, peak_cpu = train_step.matmul_peak(matmul_sizes)
     if "train" in args.only:
-        for spec in args.train_configs or (train.QUICK_CONFIGS if q else train.FULL_CONFIGS):
+        for spec in args.train_configs or (train_step.QUICK_CONFIGS if q else train_step.FULL_CONFIGS):
             try:
-                rec = train.bench_config(spec, peak_flops=peak, peak_flops_cpu=peak_cpu,
+                rec = train_step.bench_config(spec, peak_flops=peak, peak_flops_cpu=peak_cpu,
                                          **train_kw)
             except Exception as e:  # noqa: BLE001 - one broken config must not end the run
                 rec = {"name": f"train/{spec}", "kind": "error",
@@ -174,7 +174,7 @@ def main(argv=None):
     if "pipeline" in args.only:
         def consumer(spec):
             try:
-                return train.bench_config(spec, peak_flops=peak, peak_flops_cpu=peak_cpu,
+                return train_step.bench_config(spec, peak_flops=peak, peak_flops_cpu=peak_cpu,
                                           **train_kw)
             except Exception:  # noqa: BLE001
                 return None
@@ -190,10 +190,10 @@ def main(argv=None):
     if args.markdown:
         command = "python -m sptlib.bench " + " ".join(
             shlex.quote(a) for a in argv if not a.startswith("--markdown") and a != args.markdown)
-        block = report.render(records, machine, command.strip(),
+        block = markdown.render(records, machine, command.strip(),
                               machine_end=common.machine_info(),
                               section=args.section or ("quick" if q else "full"))
-        report.write(args.markdown, block, section=args.section or ("quick" if q else "full"))
+        markdown.write(args.markdown, block, section=args.section or ("quick" if q else "full"))
         print(f"# wrote {args.markdown}", file=sys.stderr, flush=True)
     return 0
 

@@ -140,7 +140,7 @@ def cost_flops(stage):
     """FLOPs from `cost_analysis()` of a Lowered or Compiled object (None if unavailable).
 
     Note: XLA counts the body of a while loop (`lax.scan`, `nn.scan` over layers) once, not once
-    per iteration, so count FLOPs on an unrolled program (see train.py).
+    per iteration, so count FLOPs on an unrolled program (see train_step.py).
     """
     try:
         ca = stage.cost_analysis()

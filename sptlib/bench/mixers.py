@@ -28,6 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sptlib.bench import common
+from sptlib.kernels import fft_conv, s5_recurrent, s5_scan
+from sptlib.layers import MIXERS, get_mixer
+from sptlib.models.config import model_config
 
 SSM_MIXERS = ("s4", "s4d", "dss", "dlr", "s5", "gss")
 ATTENTION_MIXERS = ("attention_plain", "attention_chunked", "attention_local")
@@ -63,8 +66,6 @@ class MixerSettings:
 
 def mixer_module(name, s):
     """(Linen module, batch, d_model, description dict) for a benchmark mixer name."""
-    from sptlib.layers import get_mixer
-    from sptlib.models.config import model_config
     mc = model_config()
     if name.startswith("attention_"):
         impl = name.split("_", 1)[1]
@@ -205,7 +206,6 @@ def _grad_of(f, argnums):
 
 def bench_conv(length, s, kinds):
     """fft_conv vs direct conv at one length: records for both and a ratio per kind."""
-    from sptlib.kernels import fft_conv
     b, h = s.ssm_batch, s.ssm_d_model
     u = jax.random.normal(jax.random.PRNGKey(2), (b, length, h), jnp.float32)
     k = jax.random.normal(jax.random.PRNGKey(3), (h, length), jnp.float32) / math.sqrt(length)
@@ -231,7 +231,6 @@ def bench_conv(length, s, kinds):
 
 def bench_scan(length, s, kinds):
     """S5 parallel scan vs sequential lax.scan at one length (complex64 [batch, L, P/2])."""
-    from sptlib.kernels import s5_recurrent, s5_scan
     b, p2 = s.ssm_batch, s.ssm_d_state // 2
     key_a, key_b = jax.random.split(jax.random.PRNGKey(4))
     r = jnp.exp(-jnp.exp(jax.random.uniform(key_a, (p2,), minval=-6.0, maxval=-2.0)))
@@ -341,7 +340,6 @@ def run(lengths, mixers, s, *, kinds=("forward", "forward_backward"), baselines=
     """The whole mixer section; emits records as they are measured, returns them."""
     records = []
     measure = measure_mixer_rss if s.memory == "rss" else measure_mixer
-    from sptlib.layers import MIXERS
     for name in mixers:
         dead = None  # why longer lengths of this mixer are not measured
         base = "attention" if name.startswith("attention_") else name

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from sptlib.bench import common, mixers, train
+from sptlib.bench import common, mixers, train_step
 
 PEERS = ("torch",)
 # sptlib tokens/s over the peer's, per row (the performance issue's acceptance ratios).
@@ -41,10 +41,10 @@ def require(peer):
 
 def _reference(name):
     """`benchmarks.peers.<name>` from the repository root (outside the sptlib package)."""
-    if train.REPO_ROOT not in sys.path:
-        sys.path.insert(0, train.REPO_ROOT)
-    if not os.path.isdir(os.path.join(train.REPO_ROOT, "benchmarks", "peers")):
-        raise SystemExit(f"--peer: {train.REPO_ROOT}/benchmarks/peers not found (the reference "
+    if train_step.REPO_ROOT not in sys.path:
+        sys.path.insert(0, train_step.REPO_ROOT)
+    if not os.path.isdir(os.path.join(train_step.REPO_ROOT, "benchmarks", "peers")):
+        raise SystemExit(f"--peer: {train_step.REPO_ROOT}/benchmarks/peers not found (the reference "
                          "blocks ship with the repository, not the installed package)")
     return importlib.import_module(f"benchmarks.peers.{name}")
 
@@ -120,13 +120,13 @@ def _ssm_row(name, cls, length, s, rounds, max_seconds):
 def transformer_row(*, spec=TRANSFORMER_CONFIG, max_tokens=8192, rounds=7, max_seconds=20.0,
                     emit=common.emit):
     """The quickstart Transformer's train step: sptlib vs torch, with plain Flax as the floor."""
-    p = train.prepare(spec, max_tokens=max_tokens)
+    p = train_step.prepare(spec, max_tokens=max_tokens)
     m = p["config"].model
     sizes = {"d_model": int(m.d_model), "n_layers": int(m.n_layers),
              "n_heads": int(m.attention.n_heads), "d_ffn": int(m.ffn_mult * m.d_model),
              "num_classes": int(p["info"]["num_classes"])}
     length, batch = p["length"], p["batch_size"]
-    fns = {"sptlib": train.step_closure(p),
+    fns = {"sptlib": train_step.step_closure(p),
            "flax": _reference("flax_transformer").make_step(length, batch, **sizes),
            "torch": _reference("torch_transformer").make_step(length, batch, **sizes)}
     secs, n = time_interleaved(fns, rounds=rounds, max_seconds=max_seconds)

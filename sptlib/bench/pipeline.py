@@ -14,6 +14,8 @@ import time
 import ml_collections
 
 from sptlib.bench import common
+from sptlib.bench.train_step import load_config
+from sptlib.data import get_task, listops, pathfinder
 
 PIPELINE_TARGET = 10.0  # pipeline examples/s >= 10x what the train step consumes
 
@@ -29,7 +31,6 @@ TASKS = {
 
 def prepare_data(task, data_dir, num_train):
     """Generates the task's files under `data_dir` unless they are there (returns data_dir)."""
-    from sptlib.data import listops, pathfinder
     os.makedirs(data_dir, exist_ok=True)
     if task == "listops":
         if not os.path.exists(listops.split_path(data_dir, "train")):
@@ -47,8 +48,6 @@ def prepare_data(task, data_dir, num_train):
 def bench_task(task, data_dir, *, batch_size=None, num_batches=100, num_train=512,
                max_seconds=30.0):
     """Examples/s of the task's train iterator (record without the consumer comparison)."""
-    from sptlib.bench.train import load_config
-    from sptlib.data import get_task
     spec, _ = TASKS[task]
     config = load_config(spec)
     data = ml_collections.ConfigDict(config.data.to_dict())

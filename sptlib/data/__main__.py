@@ -10,9 +10,11 @@
 
 import argparse
 import sys
+import tempfile
 import time
 
 from sptlib import errors
+from sptlib.data import data_config, get_task, listops, pathfinder
 
 
 def main(argv=None):
@@ -62,13 +64,11 @@ def _run(args):
         return _throughput(args)
     t0 = time.time()
     if args.command == "listops":
-        from sptlib.data import listops
         folder = listops.generate_release(
             args.out, num_train=args.num_train, num_val=args.num_val, num_test=args.num_test,
             seed=args.seed, min_length=args.min_length, max_length=args.max_length,
             progress=not args.no_progress)
     else:
-        from sptlib.data import pathfinder
         folder = pathfinder.generate_release(
             args.out, resolution=args.resolution, num=args.num, seed=args.seed,
             contour_length=args.contour_length, images_per_folder=args.images_per_folder,
@@ -78,8 +78,6 @@ def _run(args):
 
 
 def _throughput(args):
-    import tempfile
-    from sptlib.data import data_config, get_task
     cfg = data_config()
     cfg.task = args.task
     cfg.lra_dir = args.lra_dir or tempfile.mkdtemp()

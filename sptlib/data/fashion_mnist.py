@@ -12,7 +12,10 @@ import struct
 
 import numpy as np
 
+from sptlib.data import sources
+from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.errors import DataError
+from sptlib.data.task import Task, register
 
 INSTALL_HINT = ("install it with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu) "
                 "or set config.data.fashion_mnist_dir to a folder with the idx files")
@@ -74,3 +77,22 @@ def load(folder, split, resolution=28):
         pooled = images.reshape(len(images), resolution, f, resolution, f).mean(axis=(2, 4))
         images = np.round(pooled).astype(np.uint8)
     return images, labels
+
+
+# ---------------------------------------------------------------------------------------------
+# The task
+
+
+@register("fashion_mnist")
+def build(cfg):
+    """The `fashion_mnist` Task: the Debian package's idx files (784 or 196 long)."""
+    res = task_resolution(cfg)
+
+    def read(split):
+        images, labels = load(cfg.fashion_mnist_dir, split, res)
+        return sources.ArraySource(images.reshape(len(images), -1, 1), labels, cfg.input_type)
+
+    # Fail early, with the install hint, if the files are missing.
+    if not os.path.isdir(cfg.fashion_mnist_dir):
+        load(cfg.fashion_mnist_dir, "test", res)
+    return Task(cfg, task_info(cfg), read)

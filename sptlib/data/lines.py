@@ -17,9 +17,14 @@ Pure NumPy; `generate(n, seed=...)` is deterministic and byte-identical across r
 drawn from its own stream seeded [seed, i], so a set's first images do not depend on its size.
 """
 
+import logging
+
 import numpy as np
 
+from sptlib.data import sources
+from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.release import check_count
+from sptlib.data.task import Task, register
 from sptlib.errors import ConfigError
 
 NUM_CLASSES = 4
@@ -124,3 +129,31 @@ def split(num_train, num_val, num_test, *, resolution=16, seed=0, **kwargs):
     return {"train": train,
             "validation": (ev_images[:num_val], ev_labels[:num_val]),
             "test": (ev_images[num_val:], ev_labels[num_val:])}
+
+
+# ---------------------------------------------------------------------------------------------
+# The task (generated in memory)
+
+
+@register("lines")
+def build(cfg):
+    """The `lines` Task: images drawn in memory on first use (one draw for all three splits)."""
+    res = task_resolution(cfg)
+    if res < 8:
+        raise ValueError(f"lines: resolution must be >= 8, got {res}")
+    if int(cfg.max_length) and int(cfg.max_length) != res * res:
+        raise ValueError(f"lines: max_length is fixed at {res * res} (resolution {res})")
+    gen = cfg.generate
+    state = {}
+
+    def load(split_name):
+        if "splits" not in state:  # one draw for all three splits (train vs held-out streams)
+            logging.info("Lines: generating %d/%d/%d images at %d px (seed %d)", gen.num_train,
+                         gen.num_val, gen.num_test, res, gen.seed)
+            state["splits"] = split(int(gen.num_train), int(gen.num_val), int(gen.num_test),
+                                    resolution=res, seed=int(gen.seed), noise=float(gen.noise),
+                                    style=str(gen.style))
+        images, labels = state["splits"][split_name]
+        return sources.ArraySource(images.reshape(len(images), -1, 1), labels, cfg.input_type)
+
+    return Task(cfg, task_info(cfg), load)

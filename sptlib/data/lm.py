@@ -51,6 +51,7 @@ from sptlib.data.errors import DataError
 EOF_ID = vocab.NUM_SPECIAL + 256  # end of file, after the 256 byte ids
 BYTE_LM_VOCAB_SIZE = EOF_ID + 1
 LM_TASKS = ("code_lm", "pg19", "lm1b", "arxiv")
+DEFAULT_LENGTH = 512  # tokens per window when data.max_length is 0
 # The sptlib dependencies: installed wherever sptlib is, at the versions its pins give.
 DEFAULT_PACKAGES = ("absl", "etils", "flax", "grain", "jax", "ml_collections", "optax", "orbax")
 

@@ -128,7 +128,7 @@ def listops_source(cfg, split, max_length):
 
     def decode(rec):
         ids = np.asarray(rec["tokens"], np.int32)[:max_length]
-        inputs, mask = sources._pad_tokens(ids, max_length)
+        inputs, mask = sources.pad_tokens(ids, max_length)
         return {"inputs": inputs, "mask": mask, "label": np.int32(rec["label"])}
 
     src = sources.MappedSource(records, decode,
@@ -141,9 +141,9 @@ def retrieval_source(cfg, split, max_length):
     records = _prepared(LraRetrieval, cfg).as_data_source(split)
 
     def decode(rec):
-        a, ma = sources._pad_tokens(tokenizers.byte_tokens(rec["text1"][:max_length].tobytes()),
+        a, ma = sources.pad_tokens(tokenizers.byte_tokens(rec["text1"][:max_length].tobytes()),
                                     max_length)
-        b, mb = sources._pad_tokens(tokenizers.byte_tokens(rec["text2"][:max_length].tobytes()),
+        b, mb = sources.pad_tokens(tokenizers.byte_tokens(rec["text2"][:max_length].tobytes()),
                                     max_length)
         return {"inputs": a, "mask": ma, "inputs2": b, "mask2": mb,
                 "label": np.int32(rec["label"])}

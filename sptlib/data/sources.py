@@ -11,7 +11,7 @@ import numpy as np
 from sptlib.data import tokenizers
 
 
-def _pad_tokens(ids, length):
+def pad_tokens(ids, length):
     """int ids [n] (n <= length) -> (int32 [length] padded with 0, bool mask [length])."""
     out = np.zeros(length, np.int32)
     mask = np.zeros(length, bool)
@@ -58,7 +58,7 @@ class TokenSource:
         return len(self.labels)
 
     def __getitem__(self, i):
-        inputs, mask = _pad_tokens(self._seqs[i], self.max_length)
+        inputs, mask = pad_tokens(self._seqs[i], self.max_length)
         return {"inputs": inputs, "mask": mask, "label": self.labels[i],
                 "example_mask": np.bool_(True)}
 
@@ -82,8 +82,8 @@ class PairTokenSource:
         return len(self.labels)
 
     def __getitem__(self, i):
-        a, ma = _pad_tokens(self._a[i], self.max_length)
-        b, mb = _pad_tokens(self._b[i], self.max_length)
+        a, ma = pad_tokens(self._a[i], self.max_length)
+        b, mb = pad_tokens(self._b[i], self.max_length)
         return {"inputs": a, "mask": ma, "inputs2": b, "mask2": mb, "label": self.labels[i],
                 "example_mask": np.bool_(True)}
 
@@ -107,7 +107,7 @@ def encode_values(values, input_type, length=None):
     if input_type == "tokens":
         ids = tokenizers.pixel_tokens(values.reshape(-1))
         n = len(ids) if length is None else length
-        inputs, mask = _pad_tokens(ids[:n], n)
+        inputs, mask = pad_tokens(ids[:n], n)
         return {"inputs": inputs, "mask": mask}
     n = values.shape[0] if length is None else length
     c = values.shape[1]
@@ -180,3 +180,18 @@ class MappedSource:
 
     def filler(self):
         return self._filler()
+
+
+def tfds_source(name, split, cfg):
+    """A prepared TFDS dataset's split with random access (`tfds.data_source`, ArrayRecord)."""
+    import tensorflow_datasets as tfds  # deferred: TFDS (and TensorFlow) only for these tasks
+    kwargs = {"data_dir": cfg.tfds_data_dir} if cfg.tfds_data_dir else {}
+    try:
+        return tfds.data_source(name, split=split, download=False, **kwargs)
+    except Exception as e:
+        raise RuntimeError(
+            f"TFDS dataset {name!r} (split {split!r}) is not prepared in ArrayRecord format under "
+            f"{cfg.tfds_data_dir or 'the default TFDS data dir'}; prepare it once with "
+            f"`tfds build {name} --file_format=array_record"
+            f"{' --data_dir=' + cfg.tfds_data_dir if cfg.tfds_data_dir else ''}` "
+            f"({type(e).__name__}: {e})") from e

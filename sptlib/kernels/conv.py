@@ -88,6 +88,18 @@ def fft_conv_bidirectional(u, k_fwd, k_bwd, d=None):
     return _conv_with_spectrum(u, bidirectional_kernel_spectrum(k_fwd, k_bwd, length, n), n, d)
 
 
+def ssm_conv(u, k, d=None, *, causal):
+    """An SSM layer's long convolution: `k[0]` causally (`fft_conv`), or, bidirectional, `k[0]`
+    forward plus `k[1]` on the reversed input (`fft_conv_bidirectional`).
+
+    `u` `[batch, length, channels]`, `k` `[n_dir, channels, length]` (n_dir 1 or 2), `d` an
+    optional skip `[channels]` -> `[batch, length, channels]`.
+    """
+    if causal:
+        return fft_conv(u, k[0], d)
+    return fft_conv_bidirectional(u, k[0], k[1], d)
+
+
 def direct_conv(u, k, d=None, k_bwd=None):
     """Reference O(L^2) convolution in NumPy float64 (tests only).
 

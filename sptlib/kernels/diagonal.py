@@ -105,6 +105,16 @@ def s4d_kernel(A, B, C, log_dt, length, discretization="zoh"):
     return 2 * vandermonde_sum(coef, log_z, length)
 
 
+def diagonal_step(x, u_t, dA, dB, C):
+    """One step of x_t = dA x_{t-1} + dB u_t, y_t = Re sum_n C_n x_t,n (recurrent mode).
+
+    `x` complex `[batch, channels, state]`, `u_t` real `[batch, channels]`, `dA`, `dB`, `C`
+    broadcastable to `[channels, state]` -> (y_t real `[batch, channels]`, x_t).
+    """
+    x = dA * x + dB * u_t[..., None]
+    return jnp.sum(C * x, axis=-1).real, x
+
+
 def diagonal_recurrence(dA, dB, C, u, x0=None):
     """Reference step-by-step scan of x_t = dA x_{t-1} + dB u_t, y_t = Re sum_n C_n x_t,n.
 
@@ -126,8 +136,8 @@ def diagonal_recurrence(dA, dB, C, u, x0=None):
         x0 = jnp.zeros((batch,) + C.shape, ct)
 
     def step(x, u_t):
-        x = dA * x + dB * u_t[..., None]
-        return x, jnp.sum(C * x, axis=-1).real
+        y, x = diagonal_step(x, u_t, dA, dB, C)
+        return x, y
 
     x, y = jax.lax.scan(step, x0, jnp.swapaxes(u, 0, 1))
     return jnp.swapaxes(y, 0, 1), x

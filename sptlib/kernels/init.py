@@ -46,7 +46,7 @@ def s4d_init(n, kind="lin"):
     lin: A_n = -1/2 + i pi n, B = 1; inv: A_n = -1/2 + i (n/pi)(n/(2k+1) - 1), B = 1;
     legs: the diagonal of the normal part of HiPPO-LegS, B projected onto its eigenbasis.
     (The unstructured `random` control is drawn per channel from the parameter key:
-    `sptlib.layers.ssm.random_diagonal_inits`.)
+    `sptlib.layers.initializers.random_diagonal_inits`.)
     """
     h = n // 2
     k = np.arange(h)
@@ -58,8 +58,3 @@ def s4d_init(n, kind="lin"):
         lam, _, b, _ = nplr_legs(n)
         return lam, b
     raise ValueError(f"unknown S4D init {kind!r} (lin | inv | legs)")
-
-
-def log_uniform(rng, shape, low, high):
-    """log of values drawn log-uniformly from [low, high] (NumPy Generator `rng`)."""
-    return rng.uniform(np.log(low), np.log(high), size=shape)

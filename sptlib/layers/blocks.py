@@ -15,13 +15,11 @@ from typing import Any, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from sptlib.layers import inits
+from sptlib.layers import get_mixer
+from sptlib.layers import initializers as inits
+from sptlib.layers.initializers import boxed as _boxed
 
 NORMS = ("layer", "batch")
-
-
-def _boxed(init, names):
-    return nn.with_logical_partitioning(init, names)
 
 
 class Norm(nn.Module):
@@ -57,7 +55,7 @@ class FeedForward(nn.Module):
     mult: float = 2
     dropout: float = 0.0
     dtype: Any = jnp.float32
-    init_scheme: str = "linen"  # linen | torch (sptlib.layers.inits)
+    init_scheme: str = "linen"  # linen | torch (sptlib.layers.initializers)
 
     @nn.compact
     def __call__(self, x, *, deterministic=True):
@@ -74,7 +72,6 @@ class FeedForward(nn.Module):
 
 def mixer_class(name):
     """Mixer class by registry name (import deferred: SSM modules load only when used)."""
-    from sptlib.layers import get_mixer
     return get_mixer(name)
 
 
@@ -90,7 +87,7 @@ class ResidualBlock(nn.Module):
       d_model, causal, dropout: passed to the mixer; dropout also on both residual branches.
       norm: ``layer`` | ``batch``.  prenorm: pre-norm (True) or post-norm (False).
       ffn_mult: FFN width multiplier; 0 = no FFN sub-block.
-      init_scheme: linen | torch initialisation of the FFN (`sptlib.layers.inits`); attention
+      init_scheme: linen | torch initialisation of the FFN (`sptlib.layers.initializers`); attention
         mixers take theirs from `mixer_options`.
     """
     mixer: str

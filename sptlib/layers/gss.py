@@ -29,11 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sptlib import kernels as K
-
-
-def _boxed(init, names):
-    return nn.with_logical_partitioning(init, names)
+from sptlib import kernels
+from sptlib.layers.initializers import boxed, log_uniform
+from sptlib.layers.param_groups import ssm_group
+from sptlib.layers.ssm_block import as_complex
 
 
 class GSSBlock(nn.Module):
@@ -57,12 +56,13 @@ class GSSBlock(nn.Module):
         zeros = nn.initializers.zeros
 
         def dense(features, names, name):
-            return nn.Dense(features, dtype=self.dtype, kernel_init=_boxed(init, names),
-                            bias_init=_boxed(zeros, names[-1:]), name=name)
+            return nn.Dense(features, dtype=self.dtype, kernel_init=boxed(init, names),
+                            bias_init=boxed(zeros, names[-1:]), name=name)
 
         def ln(name):
-            return nn.LayerNorm(dtype=jnp.float32, scale_init=_boxed(nn.initializers.ones, ("norm",)),
-                                bias_init=_boxed(zeros, ("norm",)), name=name)
+            return nn.LayerNorm(dtype=jnp.float32, name=name,
+                                scale_init=boxed(nn.initializers.ones, ("norm",)),
+                                bias_init=boxed(zeros, ("norm",)))
 
         self.norm = ln("norm")
         self.dense_v = dense(f, ("embed", "mlp"), "dense_v")
@@ -70,23 +70,19 @@ class GSSBlock(nn.Module):
         self.dense_y = dense(f, (None, "mlp"), "dense_y")
         self.dense_o = dense(e, ("mlp", "embed"), "dense_o")
         self.ssm_norm = ln("ssm_norm")
-
-        def log_uniform(low, high):
-            def f_(key, shape, dtype=jnp.float32):
-                return jax.random.uniform(key, shape, dtype, np.log(low), np.log(high))
-            return f_
-
-        self.Lambda_re = self.param("Lambda_re", _boxed(log_uniform(1e-3, 1e-1), ("ssm_state",)),
+        # The "ssm" optimiser group (sptlib.layers.param_groups): lr 1e-3, no weight decay.
+        state_axes = ("ssm_state",)
+        self.Lambda_re = self.param("Lambda_re", ssm_group(log_uniform(1e-3, 1e-1), state_axes),
                                     (n,), jnp.float32)
-        self.Lambda_im = self.param("Lambda_im", _boxed(log_uniform(1e-3, np.pi), ("ssm_state",)),
+        self.Lambda_im = self.param("Lambda_im", ssm_group(log_uniform(1e-3, np.pi), state_axes),
                                     (n,), jnp.float32)
         n_dir = 1 if self.causal else 2
         # E|C|^2 = 1/N: the N modes add up rather than average.
         c_init = lambda key, shape, dtype=jnp.float32: (  # noqa: E731
             jax.random.normal(key, shape, dtype) / np.sqrt(2.0 * n))
-        self.C = self.param("C", _boxed(c_init, (None, "ssm_channels", "ssm_state", None)),
+        self.C = self.param("C", boxed(c_init, (None, "ssm_channels", "ssm_state", None)),
                             (n_dir, h, n, 2), jnp.float32)
-        self.D = self.param("D", _boxed(nn.initializers.ones, ("ssm_channels",)), (h,),
+        self.D = self.param("D", boxed(nn.initializers.ones, ("ssm_channels",)), (h,),
                             jnp.float32)
         self.drop = nn.Dropout(self.dropout)
 
@@ -95,8 +91,8 @@ class GSSBlock(nn.Module):
 
     def kernel(self, length):
         """`[n_dir, H, length]` simplified DSS kernels."""
-        c = jax.lax.complex(self.C[..., 0], self.C[..., 1])
-        return K.dss_kernel(self._lambda(), c, jnp.zeros((self._h,)), length, "exp")
+        c = as_complex(self.C)
+        return kernels.dss_kernel(self._lambda(), c, jnp.zeros((self._h,)), length, "exp")
 
     def _gelu(self, x):
         return nn.gelu(x, approximate=self.gelu_approximate)
@@ -117,11 +113,7 @@ class GSSBlock(nn.Module):
         v, u = self._pre(x)
         if mask is not None:
             u = jnp.where(mask[..., None], u, 0.0)  # pads never reach the convolution
-        k = self.kernel(x.shape[1])
-        if self.causal:
-            y = K.fft_conv(u, k[0], self.D)
-        else:
-            y = K.fft_conv_bidirectional(u, k[0], k[1], self.D)
+        y = kernels.ssm_conv(u, self.kernel(x.shape[1]), self.D, causal=self.causal)
         return self._post(y, v, x, deterministic)
 
     def _require_causal(self):
@@ -137,8 +129,7 @@ class GSSBlock(nn.Module):
         """x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""
         self._require_causal()
         v, u = self._pre(x_t)
-        c = jax.lax.complex(self.C[0, ..., 0], self.C[0, ..., 1])
-        dA, dB, c = K.dss_discretize(self._lambda(), c, jnp.zeros((self._h,)), None, "exp")
-        x = dA * state["x"] + dB * u[..., None]
-        y = jnp.sum(c * x, axis=-1).real + self.D * u
-        return self._post(y, v, x_t, True), {"x": x}
+        c = as_complex(self.C[0])
+        dA, dB, c = kernels.dss_discretize(self._lambda(), c, jnp.zeros((self._h,)), None, "exp")
+        y, x = kernels.diagonal_step(state["x"], u, dA, dB, c)
+        return self._post(y + self.D * u, v, x_t, True), {"x": x}

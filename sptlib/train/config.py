@@ -1,6 +1,7 @@
 """The experiment config every trainer run reads: `base_config()` and `stage_config()`.
 
-An experiment file (`experiments/<task>_<model>.py`) defines `get_config(arg=None)` that starts from
+An experiment file (`experiments/<name>.py`, e.g. `lra.py`, whose `arg` names task, model and
+regime: `lra.py:listops,s4d,spt-masked`) defines `get_config(arg=None)` that starts from
 `base_config()`, sets the data, model and stages, and returns it. The returned config is *locked*:
 assigning or overriding (`--config.a.b=v`) a key that does not exist is an error, so a typo never
 silently trains the default. `docs/training.md` documents every field.

@@ -54,10 +54,6 @@ def summarize(acc: Optional[dict]) -> dict:
     return out
 
 
-def all_finite(values: dict) -> bool:
-    return all(math.isfinite(v) for v in values.values())
-
-
 def format_metrics(values: dict, keys=None) -> str:
     keys = sorted(values) if keys is None else [k for k in keys if k in values]
     return " ".join(f"{k}={values[k]:.4g}" for k in keys)

@@ -1,16 +1,18 @@
 """AdamW with warmup + constant/cosine schedules and a separate group for SSM parameters.
 
 The SSM parameters (A, B/C where structured, log Δ) take their own learning rate and no weight
-decay (S4 / SPT practice); they are identified by `sptlib.layers.ssm.ssm_param_labels(params)`,
-which returns a pytree of `"ssm"` / `"default"` labels. Everything else gets plain AdamW.
+decay (S4 / SPT practice). The SSM layers create them in the "ssm" group
+(`sptlib.layers.param_groups`: a box type set by the module, not a leaf name), and
+`param_labels(params)` reads the `"ssm"` / `"default"` labels off it. Everything else gets plain
+AdamW.
 Gradient clipping (by global norm over *all* parameters) happens before the split.
 """
-
-import logging
 
 import jax
 import ml_collections
 import optax
+
+from sptlib.layers import param_groups
 
 
 def optim_config():
@@ -73,20 +75,12 @@ def learning_rates(cfg, total_steps):
 
 
 def param_labels(params):
-    """`"ssm"` / `"default"` label per parameter, from `sptlib.layers.ssm.ssm_param_labels`.
+    """`"ssm"` / `"default"` label per parameter, from the module that created it.
 
-    Falls back to all-`"default"` (with a warning) only when the `sptlib.layers.ssm` module does
-    not exist, so a model zoo without SSMs still trains.
+    `params`: boxed (`model.init` before `nn.unbox`) or abstract from
+    `sptlib.train.steps.state_logical_specs`; see `sptlib.layers.param_groups`.
     """
-    try:
-        from sptlib.layers.ssm import ssm_param_labels  # pylint: disable=import-outside-toplevel
-    except ModuleNotFoundError as e:
-        if e.name not in ("sptlib.layers.ssm", "sptlib.layers"):
-            raise
-        logging.warning("sptlib.layers.ssm not found: every parameter uses the default "
-                        "optimizer group")
-        return jax.tree.map(lambda _: "default", params)
-    return ssm_param_labels(params)
+    return param_groups.param_labels(params)
 
 
 def make_optimizer(cfg, params, total_steps):
@@ -94,7 +88,8 @@ def make_optimizer(cfg, params, total_steps):
 
     Args:
       cfg: optimizer config (see `optim_config`).
-      params: the parameter pytree, or its abstract shapes (only structure and names are used).
+      params: the boxed parameter pytree, or its abstract shapes from
+        `sptlib.train.steps.state_logical_specs` (only structure and groups are used).
       total_steps: steps of the stage (for the cosine schedule).
 
     Returns:

@@ -28,7 +28,8 @@ from etils import epath
 import jax
 
 from sptlib import data as data_lib
-from sptlib import objectives
+from sptlib import layers, objectives
+from sptlib.models import build
 from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
 from sptlib.train import sharding
 
@@ -86,8 +87,6 @@ def _at_least(key, value, low):
 
 def check_model(m) -> None:
     """The model fields that select code or size (`sptlib.models.config`)."""
-    from sptlib import layers  # the mixer registry (module names only, imported lazily)
-    from sptlib.models import build
     _choice("config.model.mixer", m.mixer, sorted(layers.MIXERS))
     _choice("config.model.pattern", m.pattern, build.PATTERNS)
     _choice("config.model.positions", m.positions, ("none", "sinusoidal", "learned"))

@@ -1,9 +1,9 @@
 """Device mesh, logical-axis rules, global batches and multi-host initialisation.
 
-The mesh always has the three axes `("data", "fsdp", "tensor")` (in that order). On a multi-slice
-system the `data` and `fsdp` axes additionally span slices (`dcn_data`, `dcn_fsdp`): the device
-array is built by `sptlib.meshes.device_array`, so the axis size seen by the program is
-`dcn_data * data` (resp. `dcn_fsdp * fsdp`).
+The mesh always has the three axes `sptlib.meshes.MESH_AXES`, `("data", "fsdp", "tensor")`. On a
+multi-slice system the `data` and `fsdp` axes additionally span slices (`dcn_data`, `dcn_fsdp`):
+the device array is built by `sptlib.meshes.device_array`, so the axis size seen by the program
+is `dcn_data * data` (resp. `dcn_fsdp * fsdp`).
 
 Parameters carry logical axis names (docs/architecture.md); `default_rules()` maps them onto mesh
 axes: the batch over `(data, fsdp)`, parameters' `embed` dimension over `fsdp` (ZeRO-3 style: each
@@ -24,8 +24,6 @@ from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sptlib import meshes
-
-MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def mesh_config():
@@ -110,8 +108,7 @@ def create_mesh(mesh_cfg, devices=None):
         sizes = meshes.resolve_axis_sizes(mesh_cfg, len(devices))
         shape = [sizes["dcn_data"] * sizes["data"], sizes["dcn_fsdp"] * sizes["fsdp"],
                  sizes["tensor"]]
-        return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
-                                 axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+        return meshes.mesh_of(np.asarray(devices, dtype=object).reshape(shape))
 
 
 def _multihost_env():
@@ -130,6 +127,11 @@ def _multihost_env():
     if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
         return True
     return False
+
+
+def is_main_process():
+    """True on the process that writes logs and files (process 0)."""
+    return jax.process_index() == 0
 
 
 def maybe_initialize_distributed(cfg):

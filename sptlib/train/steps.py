@@ -14,13 +14,14 @@ import numpy as np
 from flax import linen as nn
 from jax.experimental import multihost_utils
 
+from sptlib.layers import param_groups
 from sptlib.train import sharding as sharding_lib
 from sptlib.train.state import TrainState
 
 
-def is_main_process():
-    """True on the process that writes logs and files (process 0)."""
-    return jax.process_index() == 0
+# Moved to `sharding` (multi-host helpers); this alias goes once train/loop.py and pipeline.py
+# call `sharding.is_main_process`.
+is_main_process = sharding_lib.is_main_process
 
 
 def _path_names(path):
@@ -92,7 +93,8 @@ def state_logical_specs(model, objective, example_batch):
     abstract = jax.eval_shape(
         lambda r: _init_variables(model, objective, example_batch, r), jax.random.PRNGKey(0))
     specs = nn.get_partition_spec(abstract)
-    return nn.unbox(abstract), specs
+    # Unboxed, but SSM-group shapes stay marked: `optim.make_optimizer` reads the groups here.
+    return param_groups.unbox_abstract(abstract), specs
 
 
 def _state_shardings_and_init(model, optimizer, example_batch, mesh, rules, objective):

@@ -19,9 +19,12 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 import ml_collections
 import numpy as np
 
+from sptlib import data as data_lib
+from sptlib import models
 from sptlib.bench import common
 from sptlib.train import setup, sharding
 
@@ -95,8 +98,8 @@ def load_config(spec):
     return mod.get_config(arg) if arg else mod.get_config()
 
 
-# Kept under their benchmark names: the task info and batch layout live in sptlib.train.setup.
-task_info = setup.offline_task_info
+# Kept under its benchmark name: a task's info from the config alone (no data on disk).
+task_info = data_lib.task_info
 
 
 def synthetic_batch(info, batch_size, length, seed=0):
@@ -130,7 +133,6 @@ def synthetic_batch(info, batch_size, length, seed=0):
 
 def _model_flops(model_cfg, head, objective, variables, batch):
     """FLOPs of one loss gradient (forward + backward) with unrolled layers, no remat."""
-    from sptlib import models
     cfg = ml_collections.ConfigDict(model_cfg.to_dict())
     cfg.scan_layers = False
     cfg.remat = False
@@ -154,7 +156,6 @@ def _model_flops(model_cfg, head, objective, variables, batch):
 
 
 def _unbox(tree):
-    from flax import linen as nn
     return nn.unbox(tree)
 
 

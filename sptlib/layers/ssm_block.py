@@ -1,0 +1,144 @@
+"""The S4 block every state-space mixer of `sptlib.layers.ssm` shares (state-spaces/s4 `S4Block`):
+
+    y = SSM(x) + D * x  ->  GELU  ->  Dropout  ->  Dense(2 * d_model)  ->  GLU
+
+`SSMBlock` holds the block and the recurrent-form plumbing; a subclass supplies the SSM
+(`_setup_ssm`, `_ssm`, `_init_ssm_state`, `_ssm_step`). `ConvSSM` is the SSM computed as a long
+convolution whose kernel comes from `sptlib.kernels`, with a diagonal recurrence. Parameters of
+the "ssm" optimiser group are created with `_ssm_p` (`sptlib.layers.param_groups`).
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sptlib import kernels
+from sptlib.layers.initializers import boxed
+from sptlib.layers.param_groups import ssm_group
+
+
+def as_complex(p):
+    """Real `[..., 2]` parameter -> complex `[...]`."""
+    return jax.lax.complex(p[..., 0], p[..., 1])
+
+
+class SSMBlock(nn.Module):
+    """Shared S4 block: subclasses define the SSM (`_setup_ssm`, `_ssm`, `_init_ssm_state`,
+    `_ssm_step`). Fields common to every mixer: d_model, causal, dropout, d_state, dt_min,
+    dt_max, gelu_approximate (tanh GELU, faster on CPU), dtype (of the output projection)."""
+    d_model: int
+    causal: bool = False
+    dropout: float = 0.0
+    d_state: int = 64
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+    gelu_approximate: bool = True
+    dtype: Any = jnp.float32
+
+    @property
+    def n_dir(self):
+        return 1 if self.causal else 2
+
+    def _p(self, name, init, shape, axes):
+        """A float32 parameter with logical axes `axes`, in the default optimiser group."""
+        return self.param(name, boxed(init, axes), shape, jnp.float32)
+
+    def _ssm_p(self, name, init, shape, axes):
+        """A float32 parameter of the "ssm" optimiser group (own learning rate, no weight
+        decay; `sptlib.layers.param_groups`)."""
+        return self.param(name, ssm_group(init, axes), shape, jnp.float32)
+
+    def setup(self):
+        self._setup_ssm()
+        self.D = self._p("D", nn.initializers.normal(1.0), (self.d_model,), ("ssm_channels",))
+        self.out_proj = nn.Dense(
+            2 * self.d_model, dtype=self.dtype,
+            kernel_init=boxed(nn.initializers.lecun_normal(), ("embed", "mlp")),
+            bias_init=boxed(nn.initializers.zeros, ("mlp",)),
+            name="out_proj")
+        self.drop = nn.Dropout(self.dropout)
+
+    # -- subclass interface ---------------------------------------------------------------------
+    def _setup_ssm(self):
+        raise NotImplementedError
+
+    def _ssm(self, x):
+        """[batch, length, H] float32 -> SSM output incl. D skip, float32."""
+        raise NotImplementedError
+
+    def _init_ssm_state(self, batch_size, max_length):
+        raise NotImplementedError
+
+    def _ssm_step(self, x_t, state):
+        """x_t [batch, H] float32 -> (SSM output without D skip, state)."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------------
+    def _post(self, y, deterministic):
+        y = nn.gelu(y, approximate=self.gelu_approximate)
+        y = self.drop(y, deterministic=deterministic)
+        y = self.out_proj(y.astype(self.dtype))
+        a, b = jnp.split(y, 2, axis=-1)
+        return a * jax.nn.sigmoid(b)
+
+    def __call__(self, x, *, mask=None, deterministic=True):
+        """x `[batch, length, d_model]`, mask `[batch, length]` (True = real) -> same shape."""
+        in_dtype = x.dtype
+        x = x.astype(jnp.float32)
+        if mask is not None:
+            x = jnp.where(mask[..., None], x, 0.0)
+        y = self._ssm(x)
+        return self._post(y, deterministic).astype(in_dtype)
+
+    def _require_causal(self):
+        if not self.causal:
+            raise ValueError(f"{type(self).__name__}: the step form needs causal=True")
+
+    def initial_state(self, batch_size, max_length=None):
+        """Zero recurrent state for `batch_size` sequences (of at most `max_length` steps)."""
+        self._require_causal()
+        return self._init_ssm_state(batch_size, max_length)
+
+    def step(self, x_t, state):
+        """One recurrent step: x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""
+        self._require_causal()
+        in_dtype = x_t.dtype
+        x_t = x_t.astype(jnp.float32)
+        y, state = self._ssm_step(x_t, state)
+        y = y + self.D * x_t
+        return self._post(y, True).astype(in_dtype), state
+
+
+class ConvSSM(SSMBlock):
+    """A block whose SSM is a long convolution with kernel `kernel(length) -> [n_dir, H, L]`
+    and whose recurrence is diagonal: `_diag(max_length) -> (dA, dB, C)` with
+    x_t = dA x_{t-1} + dB u_t, y_t = Re sum_n C_n x_t,n."""
+
+    def kernel(self, length):
+        raise NotImplementedError
+
+    def _ssm(self, x):
+        return kernels.ssm_conv(x, self.kernel(x.shape[1]), self.D, causal=self.causal)
+
+    # Output matrices depending on the length are carried in the state.
+    _length_dependent_c = False
+
+    def _diag(self, max_length):
+        raise NotImplementedError
+
+    def _init_ssm_state(self, batch_size, max_length):
+        _, _, c = self._diag(max_length)
+        state = {"x": jnp.zeros((batch_size,) + c.shape, jnp.complex64)}
+        if self._length_dependent_c:
+            state["C"] = jnp.broadcast_to(c, (batch_size,) + c.shape)
+        return state
+
+    def _ssm_step(self, x_t, state):
+        # (a length-dependent C comes from the state; the length passed here is then unused)
+        dA, dB, c = self._diag(1)
+        if self._length_dependent_c:
+            c = state["C"]
+        y, x = kernels.diagonal_step(state["x"], x_t, dA, dB, c)
+        return y, dict(state, x=x)
