@@ -65,10 +65,10 @@ GRIDS = {
 # The bag-of-words control joins every grid (it runs under scratch only).
 CONTROLS = ("bow",)
 
-# listops-cpu: generated ListOps, 16 < length < 128 source tokens. Sizes chosen so that each grid
+# listops-cpu: generated ListOps, 16 < length < 64 source tokens. Sizes chosen so that each grid
 # runs in about 10 minutes on 2 cores with 3 seeds (docs/reproducing.md). The wide grid's deep
 # Transformer has 4 layers x 2 heads so that k = 2 (2 x 4) and k = 4 (1 x 8) differ.
-CPU = dict(num_train=8000, num_eval=500, min_length=16, max_length=128, d_model=64,
+CPU = dict(num_train=8000, num_eval=500, min_length=16, max_length=64, d_model=64,
            batch_size=32, lr=2e-3, steps=400, pretrain_steps=400, eval_every=100, d_state=64)
 CPU_SIZES = {"wide": dict(n_layers=4, n_heads=2), "priors": dict(n_layers=2, n_heads=4)}
 
