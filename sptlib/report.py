@@ -97,7 +97,7 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
                     d = stats.diff_ci(xa, xb, confidence)
                     gain_rows.append(f"| {m} | {a} − {b} | {_signed(d, pct)} |")
         if gain_rows:
-            lines += [f"{h} SPT gain (points)", "", "| model | difference | gain |",
+            lines += [f"{h} Gain of SPT / mlpinit (points)", "", "| model | difference | gain |",
                       "|---|---|---|"] + gain_rows + [""]
 
         # Gaps between models under each regime: against the best model of that regime.
@@ -182,8 +182,10 @@ def _flops(rs) -> str:
         if len(vals) != len(rs):
             return "–"
         per_stage[name] = float(np.mean(vals))
+    if len(per_stage) == 1:
+        return f"{sum(per_stage.values()):.2e}"
     text = ", ".join(f"{n} {v:.2e}" for n, v in per_stage.items())
-    return text if len(per_stage) == 1 else f"{text} (total {sum(per_stage.values()):.2e})"
+    return f"{text} (total {sum(per_stage.values()):.2e})"
 
 
 def _duration(seconds: float) -> str:

@@ -247,3 +247,23 @@ def test_grids_hold_variants_priors_and_the_bow_control(tmp_path):
     assert "bow" in lib.load_module(str(ROOT / "experiments" / "quickstart.py")).get_config(
         ).compare.models
     assert os.path.basename(specs[0].workdir) == "seed0"
+
+
+def test_report_shows_mlpinit_gain_and_stage_flops():
+    """The table reports mlpinit against scratch and each stage's training FLOPs (steps x the
+    traced step's FLOPs), so stage 1's cost sits beside its gain."""
+    from sptlib import report
+    recs = []
+    for seed in range(3):
+        for regime, stages, acc in (("scratch", {"scratch": (400, 2e9)}, 0.30),
+                                    ("mlpinit", {"mlpinit": (400, 5e8), "finetune": (400, 2e9)},
+                                     0.34)):
+            recs.append(dict(model="transformer", regime=regime, seed=seed, status="finished",
+                             test_accuracy=acc + 0.01 * seed, val_accuracy=acc,
+                             stages={k: {"steps": n, "flops_per_step": f}
+                                     for k, (n, f) in stages.items()}, wall_time_s=60.0))
+    text = report.markdown(recs)
+    assert "| transformer | mlpinit − scratch | +4.0 ± " in text
+    assert "| transformer | scratch | scratch 400 | 8.00e+11 |" in text
+    assert ("| mlpinit 400, finetune 400 | mlpinit 2.00e+11, finetune 8.00e+11 (total 1.00e+12) |"
+            in text)
