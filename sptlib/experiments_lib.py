@@ -355,10 +355,13 @@ def estimate_flops(config, stage: str, num_params: int) -> dict:
         n_attn = m.n_layers
     elif m.pattern == "gss_hybrid":
         n_attn = len(range(1, m.n_layers, 4))
+    if st.get("bypass_mixers", False):
+        n_attn = 0  # mlpinit's stage 1: no mixer runs (num_params is then the per-token model's)
     span = min(L, 2 * m.attention.window) if m.attention.window else L
     # QK^T and AV: 2 matmuls × 2 FLOPs per MAC × span × d per token, ×3 for the backward pass.
     flops += 3 * 4.0 * span * m.d_model * tokens * n_attn
     n_ssm = m.n_layers - n_attn if m.mixer != "attention" else 0
+    n_ssm = 0 if st.get("bypass_mixers", False) else n_ssm
     if n_ssm:
         # rfft / irfft of length 2L per channel (~5 · 2L · log2 2L each, 3 transforms), ×3 bwd.
         fft = 3 * 5.0 * 2 * math.log2(2 * L) * 3

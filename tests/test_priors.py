@@ -94,6 +94,11 @@ def test_mlpinit_regime_config():
         head = () if objective == "classify" else ("^head/",)
         assert tuple(st.finetune.dont_load) == (variants.MIXER_PATTERN,) + head
         assert "bypass_mixers" not in st.finetune and "bypass_mixers" not in st.scratch
+        # The compute estimate of stage 1 counts no mixer: 6 · params · tokens only.
+        est = lib.estimate_flops(c, "mlpinit", num_params=1000)
+        assert est["flops"] == 6 * 1000 * est["tokens"]
+        assert lib.estimate_flops(c, "finetune", num_params=1000)["flops"] > 6 * 1000 * (
+            lib.estimate_flops(c, "finetune", num_params=1000)["tokens"])
     c = LRA.get_config("listops-cpu,s4d,mlpinit,mlpinit_objective=masked")
     assert c.stages.mlpinit.objective.mask_rate == 0.10  # the paper's ListOps rate
     with pytest.raises(ValueError, match="mlpinit objective"):
