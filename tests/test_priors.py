@@ -244,6 +244,8 @@ def test_grids_hold_variants_priors_and_the_bow_control(tmp_path):
     by = {(s.model, s.regime): s.config for s in specs}
     assert by[("s4d", "mlpinit")].stage_order == ("mlpinit", "finetune")
     assert by[("bow", "scratch")].model.pattern == "bow"
+    from sptlib.train import preflight
+    preflight.check_model(by[("bow", "scratch")].model)  # no mixer, no layers: accepted
     _, specs = compare.expand(cfg + ":listops-cpu,grid=wide", {}, workdir=str(tmp_path))
     assert sorted({s.model for s in specs}) == sorted(
         ["transformer-deep", "transformer-wide2", "transformer-wide", "bow"])
