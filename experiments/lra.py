@@ -82,6 +82,9 @@ def get_config(arg="listops,s4,spt-masked"):
     if grid not in GRIDS:
         raise ValueError(f"experiments/lra.py: unknown grid {grid!r}; known: {sorted(GRIDS)}")
     models, regimes = GRIDS[grid]
+    if task in TASKS and lib.TASKS[task].transformer.n_layers % 2:
+        # An odd depth has no L/2 x 2H variant (Image: 3 layers).
+        models = tuple(m for m in models if m != "transformer-wide2")
     compare = dict(models=models + CONTROLS, regimes=regimes, seeds=(0, 1, 2))
     model, regime = a.get("model", "s4"), a.get("regime", "spt-masked")
     objective = a.get("mlpinit_objective", "classify")
