@@ -40,6 +40,6 @@ def get_config(arg=""):
         model, regime, resolution=resolution, contour_length=9, num_train=8000,
         num_eval=1000, n_layers=2, d_model=64, steps=steps, pretrain_steps=pretrain_steps,
         batch_size=BATCH, lr=2e-3, eval_every=100,
-        compare=dict(models=("transformer", "s4d"), regimes=("scratch", "spt-masked"),
+        compare=dict(models=("transformer", "s4d", "bow"), regimes=("scratch", "spt-masked"),
                      seeds=(0, 1), title=f"Quickstart: Pathfinder {resolution}x{resolution} "
                      f"(L={resolution * resolution}), scratch vs masked SPT"))

@@ -13,7 +13,9 @@ overrides apply to every run. Regimes:
   scratch-equal-compute  the same, for pretrain + finetune steps (a control the paper omits);
   spt-masked             masked-denoising self-pretraining, then finetuning from its best
                          checkpoint with the head re-initialised (same finetune budget as scratch);
-  spt-causal             the same with next-token prediction on a causal backbone.
+  spt-causal             the same with next-token prediction on a causal backbone;
+  mlpinit                the model with its mixers bypassed first, then finetuned with fresh mixers.
+Control models (`bow`) run under scratch only; their other cells are left out.
 
 Each run goes to `DIR/<model>/<regime>[-frac<f>]/seed<k>/` through `sptlib.pipeline.run`. A run
 whose `results.json` says it finished is skipped, so an interrupted comparison re-run with the same
@@ -77,7 +79,7 @@ _SHARD = flags.DEFINE_string(
     "one per core, or one per machine sharing the workdir) split the grid. Each writes "
     "comparison.shard<i>of<n>.json; rerun without --shard (or with --report_only) for the table.")
 
-REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
+REGIMES = experiments_lib.REGIMES
 
 
 @dataclasses.dataclass
@@ -133,8 +135,7 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
     overrides = dict(overrides or {})
     path, _, arg = config_file.partition(":")
     module = experiments_lib.load_module(path)
-    base = module.get_config(arg) if arg else module.get_config()
-    base = copy.deepcopy(base)
+    base = copy.deepcopy(module.get_config(arg) if arg else module.get_config())
     for k, v in overrides.items():
         if k.startswith("compare."):
             _set_path(base, k, v)
@@ -152,7 +153,7 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
     parsed = experiments_lib.parse_arg(arg, getattr(module, "POSITIONAL", ()))
     cells = {}
     for m in models:
-        for g in regimes:
+        for g in (g for g in regimes if experiments_lib.variants.runs_regime(m, g)):
             try:
                 cfg = module.get_config(experiments_lib.format_arg({**parsed, "model": m,
                                                                      "regime": g}))
@@ -167,12 +168,11 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
     specs = []
     for seed in seeds:
         for frac in fractions:
-            for m in models:
-                for g in regimes:
-                    cfg = copy.deepcopy(cells[(m, g)])
-                    cfg.seed = seed
-                    cfg.data.data_fraction = frac
-                    specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
+            for (m, g), cell in cells.items():
+                cfg = copy.deepcopy(cell)
+                cfg.seed = seed
+                cfg.data.data_fraction = frac
+                specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
     return base, specs
 
 

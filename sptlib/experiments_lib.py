@@ -15,9 +15,15 @@ Regimes (stage_order of the resulting config):
   scratch-equal-compute  ("scratch",): the same for pretrain + finetune steps;
   spt-masked             ("pretrain", "finetune"): masked denoising (task mask rate), then
                          classification from the best pretrain checkpoint, head re-initialised;
-  spt-causal             ("pretrain", "finetune"): next-token prediction on a causal backbone.
-The finetune stage of an SPT regime has exactly the scratch stage's budget and optimiser; the
-pretrain stage has the released pretraining config's (`Recipe.pretrain`).
+  spt-causal             ("pretrain", "finetune"): next-token prediction on a causal backbone;
+  mlpinit                ("mlpinit", "finetune"): the model with its sequence mixers bypassed
+                         (per-token) for `pretrain_steps` steps on the task's labels (or masked,
+                         `mlpinit_objective`), then finetuning with fresh mixers and every other
+                         tensor loaded (`sptlib.experiments_variants`).
+The finetune stage of an SPT or mlpinit regime has exactly the scratch stage's budget and
+optimiser; the pretrain stage has the released pretraining config's (`Recipe.pretrain`).
+Model names may carry a variant (transformer-deep, transformer-wide, transformer-wide<k>) or name
+the bag-of-words control `bow` (`sptlib.experiments_variants`).
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ from typing import Any
 
 import ml_collections
 
+from sptlib import experiments_variants as variants
 from sptlib import meshes
 from sptlib.paper_presets import STAGE_FIELDS, TASKS, Recipe, TaskSpec  # noqa: F401 (re-exported)
 
-REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
+REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
 MODELS = ("transformer", "transformer-causal", "s4", "s4d", "dss", "gss", "gss-hybrid", "dlr",
           "s5")
 ATTENTION_MODELS = ("transformer", "transformer-causal", "gss-hybrid")
+# Names beside MODELS: Transformer width/depth variants and the bag-of-words control.
+VARIANTS = ("transformer-deep", "transformer-wide2", "transformer-wide", "bow")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,7 +120,7 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
     A recipe with a `window` gets the local attention kernel (O(L · window) time and memory; a
     window over `impl="plain"` would only mask a full L × L score matrix).
     """
-    base = name.removesuffix("-randinit")
+    base = variants.family(name)
     m = model_cfg
     m.n_layers, m.d_model = recipe.n_layers, recipe.d_model
     m.norm, m.prenorm, m.dropout = recipe.norm, recipe.prenorm, recipe.dropout
@@ -125,7 +134,9 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
         m.encoder, m.d_input, m.mask_channel = "linear", task.d_input, True
     else:
         m.encoder = "token"
-    if base in ("transformer", "transformer-causal"):
+    if base == "bow":
+        variants.set_bow(m)
+    elif base in ("transformer", "transformer-causal"):
         m.mixer, m.pattern = "attention", "uniform"
         if recipe.positions not in ("sinusoidal", "rotary"):
             raise ValueError(f"Recipe.positions must be sinusoidal | rotary, got "
@@ -145,7 +156,9 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
             if getattr(recipe, key) is not None:
                 m[base][key] = getattr(recipe, key)
     else:
-        raise ValueError(f"Unknown model {name!r}; known: {MODELS} (+ '-randinit' variants)")
+        raise ValueError(f"Unknown model {name!r}; known: {MODELS + VARIANTS} (+ '-randinit' "
+                         "variants)")
+    variants.apply_variant(m, name)
     for k, v in (randinit_overrides(name) or {}).items() if name.endswith("-randinit") else ():
         sub, field = k.split(".")
         m[sub][field] = v
@@ -160,11 +173,13 @@ def set_optim(stage, recipe: Recipe, ssm: bool) -> None:
 
 
 def apply_regime(config, regime: str, *, task: TaskSpec, pretrain_steps: int,
-                 finetune_steps: int, pretrain_batch_ratio: float = 1.0) -> None:
+                 finetune_steps: int, pretrain_batch_ratio: float = 1.0,
+                 mlpinit_objective: str = "classify") -> None:
     """Sets stage_order and step budgets of `config` for `regime` (in place).
 
     `pretrain_batch_ratio` (pretrain batch / finetune batch) converts the pretraining steps into
     finetune-batch steps for `scratch-equal-compute`, so the control sees as many examples.
+    `mlpinit_objective`: stage 1 of `mlpinit`, classify (the task's labels; default) | masked.
     """
     if regime not in REGIMES:
         raise ValueError(f"Unknown regime {regime!r}; known: {REGIMES}")
@@ -177,6 +192,8 @@ def apply_regime(config, regime: str, *, task: TaskSpec, pretrain_steps: int,
     elif regime == "scratch-equal-compute":
         config.stage_order = ("scratch",)
         st.scratch.num_steps = int(round(pretrain_steps * pretrain_batch_ratio)) + finetune_steps
+    elif regime == "mlpinit":
+        variants.add_mlpinit(config, task=task, steps=pretrain_steps, objective=mlpinit_objective)
     else:
         config.stage_order = ("pretrain", "finetune")
         obj = st.pretrain.objective
@@ -193,28 +210,28 @@ def apply_regime(config, regime: str, *, task: TaskSpec, pretrain_steps: int,
 
 
 def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
-          scale: float = 1.0) -> ml_collections.ConfigDict:
+          scale: float = 1.0, mlpinit_objective: str = "classify") -> ml_collections.ConfigDict:
     """The paper's config for `task_name` × `model` × `regime` (locked).
 
     Args:
       task_name: a key of TASKS.
-      model: one of MODELS (or `<ssm>-randinit`).
+      model: one of MODELS or VARIANTS (or `<ssm>-randinit`).
       regime: one of REGIMES.
       scale: multiplies every stage's number of steps (e.g. 0.1 for a quick look).
+      mlpinit_objective: stage 1 of the mlpinit regime: classify | masked.
     """
     from sptlib.train import config as train_config  # deferred: pulls in the trainer's deps
 
     if task_name not in TASKS:
         raise ValueError(f"Unknown task {task_name!r}; known: {sorted(TASKS)}")
     task = TASKS[task_name]
-    base = model.removesuffix("-randinit")
-    attention = base in ("transformer", "transformer-causal")
+    attention = not variants.uses_ssm_lr(model)
     recipe = task.transformer if attention else task.ssm
     c = train_config.base_config()
     with c.unlocked():
         c.data.update(task.data)
         set_model(c.model, model, task, recipe)
-        if base == "gss-hybrid":
+        if variants.family(model) == "gss-hybrid":
             c.model.attention.n_heads = task.transformer.n_heads
         steps = {}
         for name in ("pretrain", "finetune", "scratch"):
@@ -226,7 +243,8 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
         scaled = {k: max(1, int(v * scale)) for k, v in steps.items()}
         apply_regime(c, regime, task=task, pretrain_steps=scaled["pretrain"],
                      finetune_steps=scaled["finetune"],
-                     pretrain_batch_ratio=recipe.stage("pretrain").batch_size / recipe.batch_size)
+                     pretrain_batch_ratio=recipe.stage("pretrain").batch_size / recipe.batch_size,
+                     mlpinit_objective=mlpinit_objective)
         set_slice(c, task.slice, [recipe.stage(n).batch_size for n in ("pretrain", "finetune")])
         add_compare(c, models=("transformer", "s4"), regimes=("scratch", "spt-masked"),
                     seeds=(0, 1, 2), title=f"{task_name}: {model}, paper sizes")
@@ -337,10 +355,13 @@ def estimate_flops(config, stage: str, num_params: int) -> dict:
         n_attn = m.n_layers
     elif m.pattern == "gss_hybrid":
         n_attn = len(range(1, m.n_layers, 4))
+    if st.get("bypass_mixers", False):
+        n_attn = 0  # mlpinit's stage 1: no mixer runs (num_params is then the per-token model's)
     span = min(L, 2 * m.attention.window) if m.attention.window else L
     # QK^T and AV: 2 matmuls × 2 FLOPs per MAC × span × d per token, ×3 for the backward pass.
     flops += 3 * 4.0 * span * m.d_model * tokens * n_attn
     n_ssm = m.n_layers - n_attn if m.mixer != "attention" else 0
+    n_ssm = 0 if st.get("bypass_mixers", False) else n_ssm
     if n_ssm:
         # rfft / irfft of length 2L per channel (~5 · 2L · log2 2L each, 3 transforms), ×3 bwd.
         fft = 3 * 5.0 * 2 * math.log2(2 * L) * 3

@@ -12,6 +12,7 @@ import os
 
 import ml_collections
 
+from sptlib import experiments_variants as variants
 from sptlib.experiments_lib import (TASKS, Recipe, add_compare, apply_regime, set_model,
                                     set_optim)
 
@@ -56,17 +57,34 @@ def local_lines(model: str, regime: str, *, resolution: int, num_train: int, num
     return local_comparison(model, regime, data=data, generate=generate, **kwargs)
 
 
+def local_listops(model: str, regime: str, *, num_train: int, num_eval: int, min_length: int,
+                  max_length: int, data_seed: int = 0, **kwargs) -> ml_collections.ConfigDict:
+    """A CPU-sized ListOps comparison on generated expressions (`sptlib.data.listops.generate`:
+    the LRA generator with a short length window, exclusive bounds `min_length < len <
+    max_length` source tokens). Masked SPT masks 10% of the tokens (the paper's ListOps rate)
+    unless `mask_rate` is given. `kwargs`: see `local_comparison`."""
+    data = dict(task="listops", input_type="tokens", max_length=max_length,
+                lra_dir=os.path.join("data", f"listops_gen_seed{data_seed}_n{num_train}"
+                                     f"_len{min_length}-{max_length}"))
+    generate = dict(enabled=True, seed=data_seed, num_train=num_train, num_val=num_eval,
+                    num_test=num_eval, min_length=min_length, max_length=max_length)
+    kwargs.setdefault("mask_rate", TASKS["listops"].mask_rate)
+    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
+
+
 def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_layers: int,
                      d_model: int, steps: int, pretrain_steps: int, batch_size: int, lr: float,
                      eval_every: int, compare: dict, n_heads: int = 4, ffn_mult: int = 2,
                      d_state: int = 64, mask_rate: float = 0.5, target: str = "pixel256",
-                     init_scheme: str = "linen") -> ml_collections.ConfigDict:
-    """A CPU-sized comparison config on a generated continuous-input task (locked).
+                     init_scheme: str = "linen",
+                     mlpinit_objective: str = "classify") -> ml_collections.ConfigDict:
+    """A CPU-sized comparison config on a generated task (locked).
 
     Every model gets the same width, depth, optimiser (AdamW, cosine, weight decay 0.01) and
     budget; SSM parameters take lr 1e-3 and no weight decay as in the paper. Masked SPT masks
     `mask_rate` of the pixels and reconstructs them (`target`: pixel256 | l1). `init_scheme`:
     linen | torch initialisation of the dense projections (`config.model.init_scheme`).
+    `mlpinit_objective`: stage 1 of the mlpinit regime (classify | masked).
     """
     from sptlib.train import config as train_config
 
@@ -85,10 +103,11 @@ def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_l
         for name in ("pretrain", "finetune", "scratch"):
             s = c.stages[name]
             s.batch_size = batch_size
-            set_optim(s, recipe, ssm=not model.startswith("transformer"))
+            set_optim(s, recipe, ssm=variants.uses_ssm_lr(model))
             s.eval_every = s.checkpoint_every = eval_every
             s.log_every = max(1, eval_every // 2)
-        apply_regime(c, regime, task=task, pretrain_steps=pretrain_steps, finetune_steps=steps)
+        apply_regime(c, regime, task=task, pretrain_steps=pretrain_steps, finetune_steps=steps,
+                     mlpinit_objective=mlpinit_objective)
         add_compare(c, **compare)
     c.lock()
     return c

@@ -126,6 +126,8 @@ def make_record(spec, results: dict | None, *, status: str, error: str = "",
             "best_validation": _get(st, "validation.best"),
             "train_steps_per_s": _get(st, "train_steps_per_s"),
             "num_params": _get(st, "num_params"),
+            # One train step on the global batch, counted from the traced step.
+            "flops_per_step": _get(st, "flops_per_step"),
         }
         total_wall += float(wall or 0.0)
     cls = order[-1]  # the classification stage (finetune or scratch)

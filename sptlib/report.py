@@ -21,10 +21,11 @@ import numpy as np
 from sptlib import lmreport, stats
 
 # Display order of regimes (unknown regimes follow in first-seen order).
-REGIME_ORDER = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal")
-# (SPT regime, baseline regime) pairs whose difference is reported as "SPT gain".
+REGIME_ORDER = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
+# (SPT or other prior's regime, baseline regime) pairs whose difference is reported as a gain.
 GAINS = (("spt-masked", "scratch"), ("spt-causal", "scratch"),
-         ("spt-masked", "scratch-equal-compute"), ("spt-causal", "scratch-equal-compute"))
+         ("spt-masked", "scratch-equal-compute"), ("spt-causal", "scratch-equal-compute"),
+         ("mlpinit", "scratch"), ("mlpinit", "scratch-equal-compute"), ("spt-masked", "mlpinit"))
 
 
 def _ordered(values: Iterable[str], order: Sequence[str] = ()) -> list[str]:
@@ -96,7 +97,7 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
                     d = stats.diff_ci(xa, xb, confidence)
                     gain_rows.append(f"| {m} | {a} − {b} | {_signed(d, pct)} |")
         if gain_rows:
-            lines += [f"{h} SPT gain (points)", "", "| model | difference | gain |",
+            lines += [f"{h} Gain of SPT / mlpinit (points)", "", "| model | difference | gain |",
                       "|---|---|---|"] + gain_rows + [""]
 
         # Gaps between models under each regime: against the best model of that regime.
@@ -118,9 +119,10 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
             lines += [f"{h} Gap between models under each regime (points)", "",
                       "| regime | models | gap |", "|---|---|---|"] + gap_rows + [""]
 
-        # Compute: steps and wall time per stage.
+        # Compute: steps, training FLOPs (steps x the traced step's FLOPs) and wall time.
         lines += [f"{h} Compute per run (mean over seeds)", "",
-                  "| model | regime | stages (steps) | wall time |", "|---|---|---|---|"]
+                  "| model | regime | stages (steps) | train FLOPs | wall time |",
+                  "|---|---|---|---|---|"]
         for m in models:
             for g in regimes:
                 rs = [r for r in ok if r["model"] == m and r["regime"] == g
@@ -132,7 +134,7 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
                     f"{s} {int(np.mean([r['stages'][s].get('steps') or 0 for r in rs]))}"
                     for s in stage_names)
                 wall = np.mean([r.get("wall_time_s") or 0.0 for r in rs])
-                lines.append(f"| {m} | {g} | {st} | {_duration(wall)} |")
+                lines.append(f"| {m} | {g} | {st} | {_flops(rs)} | {_duration(wall)} |")
         lines.append("")
 
         # Length generalisation.
@@ -169,6 +171,21 @@ def _signed(d: stats.Interval, scale: float) -> str:
     if math.isnan(d.half_width):
         return f"{d.mean * scale:+.1f}"
     return f"{d.mean * scale:+.1f} ± {d.half_width * scale:.1f}"
+
+
+def _flops(rs) -> str:
+    """Mean training FLOPs of runs `rs`, per stage where there are several ('–' if unknown)."""
+    per_stage = {}
+    for name in rs[0].get("stages", {}):
+        vals = [(r["stages"][name].get("steps") or 0) * r["stages"][name]["flops_per_step"]
+                for r in rs if r["stages"][name].get("flops_per_step")]
+        if len(vals) != len(rs):
+            return "–"
+        per_stage[name] = float(np.mean(vals))
+    if len(per_stage) == 1:
+        return f"{sum(per_stage.values()):.2e}"
+    text = ", ".join(f"{n} {v:.2e}" for n, v in per_stage.items())
+    return f"{text} (total {sum(per_stage.values()):.2e})"
 
 
 def _duration(seconds: float) -> str:

@@ -12,10 +12,11 @@ import ml_collections
 
 from sptlib.layers import inits
 from sptlib.models.backbone import Backbone
+from sptlib.models.bow import BagOfWords
 from sptlib.models.encoders import LinearEncoder, TokenEncoder
 from sptlib.models.heads import ClassifyHead, PixelHead, RetrievalHead, TokenHead
 
-PATTERNS = ("uniform", "gss_hybrid", "wide_attention")
+PATTERNS = ("uniform", "gss_hybrid", "wide_attention", "bow")
 HEADS = ("classify", "token_logits", "pixel_logits", "regress", "retrieval")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -48,6 +49,8 @@ def layer_specs(model_cfg):
     if c.pattern == "gss_hybrid":
         return tuple(("attention", _freeze(attention)) if i % 4 == 1
                      else ("gss", _freeze(options("gss"))) for i in range(c.n_layers))
+    if c.pattern == "bow":
+        return ()
     if c.pattern == "wide_attention":
         wide = dict(attention, n_heads=c.n_layers * attention["n_heads"],
                     head_dim=attention.get("head_dim") or c.d_model // attention["n_heads"])
@@ -114,13 +117,18 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
                                 c.max_length, dtype, scheme)
     else:
         raise ValueError(f"encoder {c.encoder!r} not in ('token', 'linear')")
-    backbone = Backbone(layer_specs(c), c.d_model, c.causal, c.dropout, c.norm, c.prenorm,
-                        c.ffn_mult, c.get("scan_layers", True), c.get("remat", False), dtype,
-                        scheme)
+    bow = c.pattern == "bow"
+    if bow:  # the bag-of-words control (sptlib.models.bow): no mixing, an MLP head
+        backbone = BagOfWords(nonlinear=c.encoder == "linear")
+    else:
+        # `bypass_mixers` (set per stage by `stages.<s>.bypass_mixers`): a per-token network.
+        backbone = Backbone(layer_specs(c), c.d_model, c.causal, c.dropout, c.norm, c.prenorm,
+                            c.ffn_mult, c.get("scan_layers", True), c.get("remat", False), dtype,
+                            scheme, bool(c.get("bypass_mixers", False)))
     kind = h.get("kind")
     pooling = h.get("pooling", c.pooling)
     if kind == "classify":
-        head = ClassifyHead(h["num_classes"], pooling, scheme)
+        head = ClassifyHead(h["num_classes"], pooling, scheme, c.d_model if bow else 0)
     elif kind == "token_logits":
         head = TokenHead(h.get("num_outputs") or c.vocab_size, init_scheme=scheme)
     elif kind == "pixel_logits":

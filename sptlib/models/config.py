@@ -14,7 +14,8 @@ def model_config():
     # Sequence mixer of every block: attention | s4 | s4d | dss | dlr | s5 | gss.
     c.mixer = "s4d"
     # Block pattern: uniform (n_layers blocks of `mixer`) | gss_hybrid (attention block at every
-    # 4th layer starting at the 2nd, GSS elsewhere) | wide_attention (1 layer with n_layers*n_heads heads).
+    # 4th layer starting at the 2nd, GSS elsewhere) | wide_attention (1 layer with n_layers*n_heads heads)
+    # | bow (the bag-of-words control: encoder -> mean pooling -> MLP head, no mixer; sptlib.models.bow).
     c.pattern = "uniform"
     # Model width (features) and depth.
     c.d_model = 64

@@ -1,6 +1,7 @@
 """Task heads on backbone features `[batch, length, d_model]` (padding rows ignored).
 
-- `ClassifyHead`: pooled (mean / max / last real position) -> logits `[batch, num_classes]`;
+- `ClassifyHead`: pooled (mean / max / last real position) -> logits `[batch, num_classes]`
+  (optionally through a hidden layer: the bag-of-words control's MLP head);
 - `TokenHead`: per-position logits `[batch, length, num_outputs]` (masked-token reconstruction,
   causal LM) or a regression value `[batch, length, d_input]`;
 - `PixelHead`: 256-way logits per pixel channel `[batch, length, d_input, 256]`;
@@ -45,14 +46,19 @@ def _dense(features, names, name, fan_in, init_scheme="linen", dtype=jnp.float32
 
 
 class ClassifyHead(nn.Module):
-    """`[batch, length, d_model]`, mask -> pooled logits `[batch, num_classes]`."""
+    """`[batch, length, d_model]`, mask -> pooled logits `[batch, num_classes]`; with `d_hidden`
+    > 0 an MLP (Dense -> GELU -> Dense) on the pooled features, else one linear map."""
     num_classes: int
     pooling: str = "mean"
     init_scheme: str = "linen"
+    d_hidden: int = 0
 
     @nn.compact
     def __call__(self, x, mask=None):
         pooled = pool(x, mask, self.pooling).astype(jnp.float32)
+        if self.d_hidden:
+            pooled = nn.gelu(_dense(self.d_hidden, ("embed", "mlp"), "hidden", pooled.shape[-1],
+                                    self.init_scheme)(pooled))
         return _dense(self.num_classes, ("embed", "classes"), "logits", pooled.shape[-1],
                       self.init_scheme)(pooled)
 

@@ -196,7 +196,7 @@ def restore(built: setup.Stage, ckpt, train_iter, workdir):
                  report["skipped_from_checkpoint"])
     return state.replace(params=params, model_state=model_state), {
         "kind": "init_from", "checkpoint": str(step_dir), "loaded": len(report["loaded"]),
-        "not_loaded": report["not_loaded"],
+        "loaded_tensors": report["loaded"], "not_loaded": report["not_loaded"],
         "skipped_from_checkpoint": report["skipped_from_checkpoint"],
         "quarantined": ckpt.quarantined}
 

@@ -87,13 +87,15 @@ def _at_least(key, value, low):
 
 def check_model(m) -> None:
     """The model fields that select code or size (`sptlib.models.config`)."""
-    _choice("config.model.mixer", m.mixer, sorted(layers.MIXERS))
     _choice("config.model.pattern", m.pattern, build.PATTERNS)
+    bow = m.pattern == "bow"  # the bag-of-words control: no mixer, no layers
+    if not bow:
+        _choice("config.model.mixer", m.mixer, sorted(layers.MIXERS))
     _choice("config.model.positions", m.positions, ("none", "sinusoidal", "learned"))
     _choice("config.model.encoder", m.encoder, ("token", "linear"))
     _choice("config.model.dtype", m.get("dtype", "float32"), sorted(build.DTYPES))
     _at_least("config.model.d_model", m.d_model, 1)
-    _at_least("config.model.n_layers", m.n_layers, 1)
+    _at_least("config.model.n_layers", m.n_layers, 0 if bow else 1)
     _at_least("config.model.max_length", m.max_length, 0)
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"config.model.dropout={m.dropout!r}: must be in [0, 1)")

@@ -108,6 +108,9 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
         info = data_lib.get_task(config.data).info
     objective = objectives.get_objective(stage.objective)
     model_cfg = models.resolve_model_config(config.model, info)
+    if stage.get("bypass_mixers", False):
+        # mlpinit's stage 1: the same model with every sequence mixer bypassed (per-token).
+        model_cfg.bypass_mixers = True
     model = models.build_model(model_cfg, objective.head(info, model_cfg))
     mesh = sharding.create_mesh(config.mesh, devices)
     rules = sharding.normalize_rules(config.logical_axis_rules)
