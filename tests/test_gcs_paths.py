@@ -135,7 +135,7 @@ def test_compare_writes_its_records_report_and_plots_through_epath(tmp_path, mon
         _, specs = compare.expand(path, {}, workdir=root, seeds=[0, 1])
         records, paths = compare.run_comparison(specs, root, run_fn=fake_run,
                                                 log=lambda s: None)
-        assert len(calls) == 8 and all(r["status"] == "finished" for r in records)
+        assert len(calls) == 12 and all(r["status"] == "finished" for r in records)
         again = []
         compare.run_comparison(specs, root, run_fn=lambda c, w: again.append(w),
                                log=lambda s: None)

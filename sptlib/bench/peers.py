@@ -25,7 +25,9 @@ from sptlib.bench import common, mixers, train_step
 PEERS = ("torch",)
 # sptlib tokens/s over the peer's, per row (the performance issue's acceptance ratios).
 TARGETS = {"s4d": 4.0, "s4": 5.0, "transformer_train_step": 1.0}
-TRANSFORMER_CONFIG = "quickstart.py:transformer,scratch"
+# The 2 x 64 Transformer classifier at L = 256, batch 32 (the first quickstart's size; the
+# quickstart now runs at L = 64): a 16 x 16 continuous-pixel task, Linen init.
+TRANSFORMER_CONFIG = "reproduce_local.py:transformer,scratch,resolution=16"
 
 
 def require(peer):
