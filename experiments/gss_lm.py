@@ -12,8 +12,8 @@ held-out files with windows of 1x, 2x, 4x, 8x and 16x 512 tokens (`sptlib.lmeval
 `comparison.md` gets the bits-per-byte table (mean ± 95% CI per factor), the loss per position
 bucket, and the equal-compute columns (validation bits per byte of every model at the same
 compiled training FLOPs and at the same measured training seconds); plots:
-`length_generalisation.png`, `equal_compute.png`. Measured: docs/reproducing.md ("GSS"): 67.5 min for the 8 runs on a 2-core
-machine shared with other jobs (load average 9-21), not the 20 min aimed for on idle cores.
+`length_generalisation.png`, `equal_compute.png`. The grid runs as one process per core
+(`config.compare.jobs = 0`). Measured on a 2-core machine: 13.1 min from a clean clone (docs/reproducing.md, "GSS").
 
 Paper sizes (`get_config("pg19")`, `arxiv`, `github`, `lm1b`; add `model=gss-l` etc.):
 GSS 16 layers, E=1024, F=4096, H=256, N=512 (GSS-L: 32 layers); GSS-Hybrid: attention blocks
