@@ -31,6 +31,8 @@ model (`--config.data.lm.spm_model=...`, `pip install sptlib[lm]`); bytes when u
 """
 
 from sptlib import experiments_lib as lib
+from sptlib import meshes
+from sptlib.train import config as train_config
 
 POSITIONAL = ("dataset", "model", "regime")
 MODELS = ("gss", "gss-hybrid", "dss", "transformer")
@@ -88,9 +90,6 @@ def _optim(stage, lr, warmup, ssm):
 
 
 def get_config(arg=""):
-    from sptlib import meshes
-    from sptlib.train import config as train_config
-
     a = lib.parse_arg(arg, POSITIONAL)
     dataset = a.get("dataset", "cpu")
     model = a.get("model", "gss")

@@ -47,6 +47,7 @@ from sptlib import compare_jobs
 from sptlib import errors
 from sptlib import experiments_lib
 from sptlib import lmreport
+from sptlib import logs
 from sptlib import report
 from sptlib.records import (_get, curve_from_events, is_finished,  # noqa: F401 (re-exported)
                             load_results, make_record)
@@ -361,7 +362,6 @@ def parse_numbers(flag: str, values, kind=float, *, low=None, high=None, low_ope
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    from sptlib import logs
     logs.quiet_library_logs()
     try:
         return _main()

@@ -12,6 +12,7 @@ import os
 
 import ml_collections
 
+from sptlib.train import config as train_config
 from sptlib import experiments_variants as variants
 from sptlib.experiments_lib import (TASKS, Recipe, add_compare, apply_regime, set_model,
                                     set_optim)
@@ -86,7 +87,6 @@ def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_l
     linen | torch initialisation of the dense projections (`config.model.init_scheme`).
     `mlpinit_objective`: stage 1 of the mlpinit regime (classify | masked).
     """
-    from sptlib.train import config as train_config
 
     task = dataclasses.replace(TASKS["pathfinder"], data=dict(data), mask_rate=mask_rate,
                                target=target if data["input_type"] == "continuous" else "")
