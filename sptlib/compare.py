@@ -44,6 +44,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from sptlib import compare_jobs
+from sptlib.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
 from sptlib import errors
 from sptlib import experiments_lib
 from sptlib import lmreport
@@ -180,27 +181,6 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
 # ------------------------------------------------------------------------------------------------
 # Running.
 # ------------------------------------------------------------------------------------------------
-
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    """'1/3' -> (1, 3); None -> None. Bad values name the flag."""
-    if not text:
-        return None
-    try:
-        i, n = (int(v) for v in text.split("/"))
-    except ValueError:
-        raise errors.ConfigError(f"--shard={text!r}: expected i/n, e.g. 0/2") from None
-    if n < 1 or not 0 <= i < n:
-        raise errors.ConfigError(f"--shard={text!r}: need n >= 1 and 0 <= i < n")
-    return i, n
-
-
-def shard_specs(specs: Sequence[RunSpec], shard: tuple[int, int] | None) -> list[RunSpec]:
-    """Every n-th spec from i (round-robin keeps each shard's mix of models and seeds)."""
-    if shard is None:
-        return list(specs)
-    i, n = shard
-    return [s for k, s in enumerate(specs) if k % n == i]
-
 
 def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                    run_fn: Callable[[ml_collections.ConfigDict, str], dict] | None = None,

@@ -1,4 +1,4 @@
-"""Runs one `sptlib.compare` grid as several processes on one machine (`--jobs`).
+"""Splitting one `sptlib.compare` grid over processes: `--shard=i/n`, and `--jobs` on one machine.
 
 On a CPU, small models do not use every core well: two 1-core processes ran ~1.4x the steps/s
 of one 2-core process in our measurements (docs/reproducing.md). `--jobs=n` (or
@@ -23,6 +23,27 @@ import time
 from typing import Callable, Sequence
 
 from sptlib import errors
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'1/3' -> (1, 3); None -> None. Bad values name the flag."""
+    if not text:
+        return None
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise errors.ConfigError(f"--shard={text!r}: expected i/n, e.g. 0/2") from None
+    if n < 1 or not 0 <= i < n:
+        raise errors.ConfigError(f"--shard={text!r}: need n >= 1 and 0 <= i < n")
+    return i, n
+
+
+def shard_specs(specs: Sequence, shard: tuple[int, int] | None) -> list:
+    """Every n-th spec from i (round-robin keeps each shard's mix of models and seeds)."""
+    if shard is None:
+        return list(specs)
+    i, n = shard
+    return [s for k, s in enumerate(specs) if k % n == i]
 
 
 def resolve_jobs(jobs: int, num_runs: int) -> int:
