@@ -65,9 +65,10 @@ GRIDS = {
 # The bag-of-words control joins every grid (it runs under scratch only).
 CONTROLS = ("bow",)
 
-# listops-cpu: generated ListOps, 16 < length < 64 source tokens. Sizes chosen so that each grid
-# runs in about 10 minutes on 2 cores with 3 seeds (docs/reproducing.md). The wide grid's deep
-# Transformer has 4 layers x 2 heads so that k = 2 (2 x 4) and k = 4 (1 x 8) differ.
+# listops-cpu: generated ListOps, 16 < length < 64 source tokens, sized for minutes per run on a
+# CPU. Measured with both grids running together on a shared 2-core machine (load 6-11): wide
+# 28 min, priors 40 min, 3 seeds each (docs/reproducing.md); idle-machine times not measured. The
+# wide grid's deep Transformer has 4 layers x 2 heads so that k = 2 (2 x 4) and k = 4 (1 x 8) differ.
 CPU = dict(num_train=8000, num_eval=500, min_length=16, max_length=64, d_model=64,
            batch_size=32, lr=2e-3, steps=400, pretrain_steps=400, eval_every=100, d_state=64)
 CPU_SIZES = {"wide": dict(n_layers=4, n_heads=2), "priors": dict(n_layers=2, n_heads=4)}
