@@ -9,8 +9,8 @@ an earlier, interrupted command finished is not rerun (each shard skips finished
 
     python -m sptlib.compare --config=experiments/quickstart.py --workdir=W --jobs=2
 
-`jobs = 0` means one process per core of this machine (`os.sched_getaffinity`), at most one
-per run. The accelerator case needs no jobs: one process drives every device.
+`jobs = 0` means one process per core of this machine, at most one per run, where JAX runs on
+the CPU; where it has an accelerator, 0 means one process (it drives every device).
 """
 
 from __future__ import annotations
@@ -46,20 +46,37 @@ def shard_specs(specs: Sequence, shard: tuple[int, int] | None) -> list:
     return [s for k, s in enumerate(specs) if k % n == i]
 
 
-def resolve_jobs(jobs: int, num_runs: int) -> int:
-    """The number of processes for `num_runs` runs: `jobs`, or one per core when `jobs` is 0."""
+def _cores() -> list[int]:
+    """This process's usable cores (all of them where the OS cannot say: macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _default_backend() -> str:
+    """JAX's default backend, asked of a short-lived child process so that this one does not
+    take (and keep) an accelerator the shards will need."""
+    p = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                       capture_output=True, text=True, timeout=300)
+    return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else "cpu"
+
+
+def resolve_jobs(jobs: int, num_runs: int, *, backend: Callable[[], str] = _default_backend
+                 ) -> int:
+    """The number of processes for `num_runs` runs: `jobs`; for `jobs` = 0 one per core on a
+    CPU-only machine and 1 where JAX has an accelerator (one process drives all its devices)."""
     if jobs < 0:
         raise errors.ConfigError(f"--jobs={jobs} / config.compare.jobs: must be >= 0 "
                                  f"(0 = one process per CPU core)")
     if jobs == 0:
-        jobs = len(os.sched_getaffinity(0))
+        jobs = len(_cores()) if num_runs > 1 and backend() == "cpu" else 1
     return max(1, min(jobs, num_runs))
 
 
 def core_sets(jobs: int, cores: Sequence[int] | None = None) -> list[set[int] | None]:
     """Disjoint core sets, one per job (None = unpinned when there are fewer cores than jobs)."""
-    cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
-    if len(cores) < jobs:
+    cores = sorted(_cores() if cores is None else cores)
+    if len(cores) < jobs or not hasattr(os, "sched_setaffinity"):
         return [None] * jobs
     per = len(cores) // jobs
     return [set(cores[i * per:(i + 1) * per]) for i in range(jobs)]

@@ -29,11 +29,20 @@ def test_core_sets_are_disjoint_shares_or_unpinned():
 
 def test_resolve_jobs():
     cores = len(os.sched_getaffinity(0))
-    assert compare_jobs.resolve_jobs(0, 100) == cores
+    cpu, gpu = (lambda: "cpu"), (lambda: "gpu")
+    assert compare_jobs.resolve_jobs(0, 100, backend=cpu) == cores
+    assert compare_jobs.resolve_jobs(0, 100, backend=gpu) == 1  # one process per accelerator
+    assert compare_jobs.resolve_jobs(0, 1, backend=pytest.fail) == 1  # one run: nothing to ask
     assert compare_jobs.resolve_jobs(5, 2) == 2  # never more processes than runs
     assert compare_jobs.resolve_jobs(1, 8) == 1
+    assert compare_jobs.resolve_jobs(2, 8, backend=gpu) == 2  # asked for explicitly
     with pytest.raises(errors.ConfigError, match="--jobs=-1"):
         compare_jobs.resolve_jobs(-1, 4)
+
+
+def test_default_backend_is_asked_of_a_child_process():
+    import jax
+    assert compare_jobs._default_backend() == jax.default_backend()
 
 
 _TINY = textwrap.dedent('''
