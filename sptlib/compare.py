@@ -371,9 +371,9 @@ def _main():
         for s in specs:
             print(f"{s.name:40s} stages={tuple(s.config.stage_order)} -> {s.workdir}")
         return
-    jobs = compare_jobs.resolve_jobs(
+    jobs = 1 if shard is not None or _REPORT_ONLY.value else compare_jobs.resolve_jobs(
         base.compare.get("jobs", 1) if _JOBS.value is None else _JOBS.value, len(specs))
-    if jobs > 1 and shard is None and not _REPORT_ONLY.value:
+    if jobs > 1:
         # Then the table below, from the finished runs.
         compare_jobs.run_shards(sys.argv[1:], jobs, data_config=specs[0].config.data)
     title = base.compare.get("title") or f"Comparison: {filename}"

@@ -5,12 +5,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from sptlib import compare_jobs
 from sptlib import errors
+
+import test_compare  # noqa: E402 (tests/ is on sys.path under pytest)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,27 +46,8 @@ def test_default_backend_is_asked_of_a_child_process():
     assert compare_jobs._default_backend() == jax.default_backend()
 
 
-_TINY = textwrap.dedent('''
-    from experiments import smoke
-    from sptlib import experiments_lib as lib
-
-    POSITIONAL = ("model", "regime")
-
-    def get_config(arg=""):
-        lib.parse_arg(arg, POSITIONAL)
-        c = smoke.get_config()
-        c.data.lra_dir = {lra!r}
-        c.data.max_length = 48
-        c.model.d_model = 16
-        c.stage_order = ("scratch",)
-        s = c.stages.scratch
-        s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 4, 2, 2, 2
-        s.batch_size, s.eval_batch_size = 8, 16
-        with c.unlocked():
-            lib.add_compare(c, models=("attention",), regimes=("scratch",), seeds=(0, 1),
-                            title="jobs")
-        return c
-''')
+# The real tiny comparison of test_compare (2 seeds, length evaluation at 2x).
+_TINY = test_compare._REAL
 
 
 def test_two_jobs_run_disjoint_halves_then_one_table(tmp_path):
