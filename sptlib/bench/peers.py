@@ -27,7 +27,7 @@ PEERS = ("torch",)
 TARGETS = {"s4d": 4.0, "s4": 5.0, "transformer_train_step": 1.0}
 # The 2 x 64 Transformer classifier at L = 256, batch 32 (the first quickstart's size; the
 # quickstart now runs at L = 64): a 16 x 16 continuous-pixel task, Linen init.
-TRANSFORMER_CONFIG = "reproduce_local.py:transformer,scratch,resolution=16"
+TRANSFORMER_CONFIG = "reproduce_local.py:transformer,scratch,setting=l64,resolution=16"
 
 
 def require(peer):
