@@ -161,7 +161,9 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
     if failed:
         lines += ["## Runs not finished", ""]
         for r in failed:
-            lines.append(f"- {r['model']} / {r['regime']} / seed {r['seed']}: "
+            frac = r.get("data_fraction", 1.0)
+            where = f" / data fraction {frac:g}" if frac != 1.0 else ""
+            lines.append(f"- {r['model']} / {r['regime']}{where} / seed {r['seed']}: "
                          f"{r.get('status')} {r.get('error', '')}".rstrip())
         lines.append("")
     return "\n".join(lines)

@@ -51,9 +51,13 @@ def test_sections_and_plot(tmp_path):
     assert "| 0.5 | transformer | 1 | 25.0 | 25.0 | 50.0 |" in text
     # Against training-set size: one column per fraction, n seeds in brackets.
     assert "| transformer | scratch-equal-compute | 50.0 (1) | 70.0 (1) |" in text
-    paths = report.write_report(recs, str(tmp_path), "t")
+    unfinished = {**recs[3], "status": "missing", "seed": 1}
+    paths = report.write_report(recs + [unfinished], str(tmp_path), "t")
     assert os.path.getsize(paths["denoising"]) > 1000
-    assert "Denoising curve" in (tmp_path / "comparison.md").read_text()
+    md = (tmp_path / "comparison.md").read_text()
+    assert "Denoising curve" in md
+    # An unfinished run names its data fraction (else two fractions' runs read alike).
+    assert "- transformer / scratch-equal-compute / data fraction 0.5 / seed 1: missing" in md
 
 
 def test_nothing_to_show_adds_nothing(tmp_path):
