@@ -179,7 +179,8 @@ def test_task_info_matches_the_readers_and_hand_written_values():
     assert defaults.NUM_CLASSES["lines"] == len(lines.CLASS_NAMES) == lines.NUM_CLASSES
     assert defaults.NUM_CLASSES["speech_commands"] == len(speech_commands.WORDS)
     # task, input_type, extra config -> (vocab_size, num_classes, max_length, d_input, pair);
-    # 2 reserved ids (<pad>, <mask>) + 256 bytes / pixel values; ListOps: 2 + 15 symbols.
+    # 2 reserved ids (<pad>, <mask>) + 256 bytes / pixel values; ListOps: 2 + 15 symbols; byte
+    # LMs: 2 + 256 bytes + the end-of-file separator.
     want = {
         ("listops", "tokens", ()): (17, 10, 2000, 1, False),
         ("text", "tokens", (("max_length", 96),)): (258, 2, 96, 1, False),
@@ -192,7 +193,7 @@ def test_task_info_matches_the_readers_and_hand_written_values():
         ("scifar", "continuous", ()): (0, 10, 1024, 3, False),
         ("fashion_mnist", "tokens", ()): (258, 10, 784, 1, False),
         ("speech_commands", "continuous", ()): (0, 35, 16000, 1, False),
-        ("code_lm", "tokens", ()): (258, 0, 512, 1, False),
+        ("code_lm", "tokens", ()): (259, 0, 512, 1, False),
     }
     for (task, input_type, fields), values in want.items():
         cfg = data_config()

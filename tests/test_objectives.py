@@ -243,8 +243,10 @@ def test_heads_mask_channel_and_config_errors():
     bad.target = "pixels"
     with pytest.raises(ValueError, match="target"):
         make(bad, info, mcfg)
+    pixels = jax.tree.map(jnp.asarray, common.pixel_batch(seed=1))
     with pytest.raises(ValueError, match="dtype"):  # built for tokens, given pixels
-        run_loss(cfg("masked"), common.pixel_batch(seed=1), np.zeros((8, 16, 12), np.float32))
+        make(cfg("masked"), info, mcfg).loss(FixedOutput(), {"params": {}}, pixels,
+                                             jax.random.PRNGKey(0), train=True)
 
 
 # ------------------------------------------------------------------ real steps
