@@ -32,6 +32,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from sptlib import data as data_lib
 from sptlib import experiments_lib, meshes, topologies
 from sptlib.train import flops, setup
 
@@ -138,7 +139,7 @@ def compile_stage(name, config, stage_name, spec, devices, mfu):
     where = f"{name} stage {stage_name} on {spec.name}"
     t0 = time.perf_counter()
     try:
-        built = setup.build_stage(config, stage_name, info=setup.offline_task_info(config.data),
+        built = setup.build_stage(config, stage_name, info=data_lib.task_info(config.data),
                                   devices=devices, abstract=True)
     except ValueError as e:  # mesh sizes vs the slice's devices
         raise DoesNotFit(f"{where}: {e}") from None

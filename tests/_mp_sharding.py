@@ -26,10 +26,10 @@ def spec_list(spec):
 def run(mesh_axes, devices):
     cfg = objectives.objective_config("masked")
     cfg.mask_rate = 0.3
-    obj = objectives.get_objective(cfg)
     info = {"vocab_size": common.VOCAB, "num_classes": 3, "input_type": "tokens"}
     model_cfg = common.tiny_model_config(dropout=0.1)
-    model, _ = common.build(obj.head(info, model_cfg), dropout=0.1)
+    obj = objectives.make_objective(cfg, info, model_cfg)
+    model, _ = common.build(obj.head_cfg, dropout=0.1)
     batch = common.token_batch(batch=8, seed=21)
     mesh_cfg = sharding.mesh_config()
     mesh_cfg.update(mesh_axes)

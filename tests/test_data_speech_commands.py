@@ -152,8 +152,8 @@ def test_speech_commands_presets_build_35_way_heads(release):
         with cfg.unlocked():
             cfg.data.speech_commands_dir = str(release)
         info = get_task(cfg.data).info
-        obj = objectives.get_objective(cfg.stages.scratch.objective)
-        net = models.build_model(cfg.model, obj.head(info, cfg.model))
+        obj = objectives.make_objective(cfg.stages.scratch.objective, info, cfg.model)
+        net = models.build_model(cfg.model, obj.head_cfg)
         # Continuous inputs plus the mask-indicator channel the objectives append.
         x, mask = jnp.zeros((2, 256, 2)), jnp.ones((2, 256), bool)
         out = jax.eval_shape(lambda: net.init_with_output(jax.random.key(0), x, mask)[0])

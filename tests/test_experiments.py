@@ -53,8 +53,8 @@ def train_one_step(cfg):
     losses = {}
     for name in cfg.stage_order:
         st = cfg.stages[name]
-        obj = objectives.get_objective(st.objective)
-        model = models.build_model(cfg.model, obj.head(info, cfg.model))
+        obj = objectives.make_objective(st.objective, info, cfg.model)
+        model = models.build_model(cfg.model, obj.head_cfg)
         host = fake_batch(info, st.batch_size, rng)
         abstract, _ = steps.state_logical_specs(model, obj, host)
         tx = optim.make_optimizer(st.optim, abstract["params"], st.num_steps)

@@ -34,8 +34,8 @@ def _config(name, **model_over):
 
 def _model(name, **model_over):
     c = _config(name, **model_over)
-    obj = objectives.get_objective(c.stages.scratch.objective)
-    model = models.build_model(c.model, obj.head({"vocab_size": V}, c.model))
+    obj = objectives.make_objective(c.stages.scratch.objective, {"vocab_size": V}, c.model)
+    model = models.build_model(c.model, obj.head_cfg)
     return model, obj
 
 
@@ -96,13 +96,13 @@ def _stack_step_logits(model, params, ids):
             if mixer == "gss":
                 h, layer[4] = mod.apply({"params": p_mix}, h, state, method=mod.step)
                 continue
-            n = Norm(bb.norm).apply({"params": p["mixer_norm"]}, h)
+            n = Norm(bb.config.norm).apply({"params": p["mixer_norm"]}, h)
             y, layer[4] = mod.apply({"params": p_mix}, n, state, method=mod.step)
             h = h + y
-            if bb.ffn_mult:
-                n = Norm(bb.norm).apply({"params": p["ffn_norm"]}, h)
-                h = h + FeedForward(d, bb.ffn_mult).apply({"params": p["ffn"]}, n)
-        h = Norm(bb.norm).apply({"params": params["backbone"]["final_norm"]}, h)
+            if bb.config.ffn_mult:
+                n = Norm(bb.config.norm).apply({"params": p["ffn_norm"]}, h)
+                h = h + FeedForward(d, bb.config.ffn_mult).apply({"params": p["ffn"]}, n)
+        h = Norm(bb.config.norm).apply({"params": params["backbone"]["final_norm"]}, h)
         outs.append(model.head.apply({"params": params["head"]}, h[:, None])[:, 0])
     return jnp.stack(outs, axis=1)
 
@@ -144,8 +144,8 @@ def test_cpu_default_models_have_about_equal_parameters():
         c = mod.get_config(f"model={name}")
         with c.unlocked():
             c.model.vocab_size, c.model.max_length = V, 512
-        obj = objectives.get_objective(c.stages.scratch.objective)
-        model = models.build_model(c.model, obj.head({"vocab_size": V}, c.model))
+        obj = objectives.make_objective(c.stages.scratch.objective, {"vocab_size": V}, c.model)
+        model = models.build_model(c.model, obj.head_cfg)
         shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 64), jnp.int32))
         counts[name] = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(shapes)))
     assert max(counts.values()) / min(counts.values()) < 1.2, counts

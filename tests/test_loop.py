@@ -105,9 +105,9 @@ def test_finetune_starts_from_best_pretrain_checkpoint(tmp_path):
 
     # The head is a fresh init: rebuild the stage's initial state independently, same seed.
     task = data_lib.get_task(c.data)
-    objective = objectives.get_objective(fin.objective)
     model_cfg = models.resolve_model_config(c.model, task.info)
-    model = models.build_model(model_cfg, objective.head(task.info, model_cfg))
+    objective = objectives.make_objective(fin.objective, task.info, model_cfg)
+    model = models.build_model(model_cfg, objective.head_cfg)
     batch = next(task.make_iterator("train", batch_size=fin.batch_size, seed=c.seed))
     abstract, _ = steps.state_logical_specs(model, objective, batch)
     tx = optim.make_optimizer(fin.optim, abstract["params"], fin.num_steps)

@@ -38,10 +38,15 @@ def np_ce(logits, labels):
     return lse - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
 
 
-def run_loss(cfg, batch, out, *, train=True, mask_channel=None, seed=1):
-    obj = objectives.get_objective(cfg)
-    if mask_channel is not None:
-        obj.mask_channel = mask_channel
+def batch_info(batch):
+    """The task `info` a batch comes from (`_mp_common`'s batches)."""
+    tokens = np.issubdtype(batch["inputs"].dtype, np.integer)
+    return {"vocab_size": common.VOCAB if tokens else 0, "num_classes": 3,
+            "input_type": "tokens" if tokens else "continuous", "pair": "inputs2" in batch}
+
+
+def run_loss(cfg, batch, out, *, train=True, mask_channel=False, seed=1):
+    obj = objectives.make_objective(cfg, batch_info(batch), {"mask_channel": mask_channel})
     fake = FixedOutput()
     loss, metrics, _ = obj.loss(fake, {"params": {"out": jnp.asarray(out)}},
                                 jax.tree.map(jnp.asarray, batch), jax.random.PRNGKey(seed),
@@ -205,26 +210,43 @@ def test_label_smoothing_and_all_filler_batch():
     assert loss == 0.0 and m["loss"] == (0.0, 0.0)
 
 
-def test_heads_and_config_errors():
+def test_heads_mask_channel_and_config_errors():
     info = {"vocab_size": 12, "num_classes": 10, "input_type": "tokens", "pair": False}
     mcfg = {"vocab_size": 0, "mask_channel": False}
-    assert objectives.get_objective(objectives.objective_config("masked")).head(info, mcfg) == {
-        "kind": "token_logits", "num_outputs": 12}
-    assert objectives.get_objective(objectives.objective_config("classify")).head(
-        info, mcfg) == {"kind": "classify", "num_classes": 10}
+    make = objectives.make_objective
+    cfg = objectives.objective_config
+    assert make(cfg("masked"), info, mcfg).head_cfg == {"kind": "token_logits", "num_outputs": 12}
+    assert make(cfg("causal"), info, {"vocab_size": 20}).head_cfg == {
+        "kind": "token_logits", "num_outputs": 20}  # the model's vocabulary when set
+    assert make(cfg("classify"), info, mcfg).head_cfg == {"kind": "classify", "num_classes": 10}
     cont = dict(info, input_type="continuous", vocab_size=0)
-    obj = objectives.get_objective(objectives.objective_config("masked"))
-    assert obj.head(cont, {"mask_channel": True}) == {"kind": "pixel_logits"}
-    assert obj.mask_channel is True
-    cfg = objectives.objective_config("masked")
-    cfg.target = "l1"
-    assert objectives.get_objective(cfg).head(cont, mcfg) == {"kind": "regress"}
+    obj = make(cfg("masked"), cont, {"mask_channel": True})
+    assert obj.head_cfg == {"kind": "pixel_logits"} and obj.mask_channel is True
+    assert make(cfg("classify"), cont, None).mask_channel is False
+    explicit = cfg("classify")
+    explicit.mask_channel = True  # the objective's own setting wins over the model's
+    assert make(explicit, cont, mcfg).mask_channel is True
+    l1 = cfg("masked")
+    l1.target = "l1"
+    assert make(l1, cont, mcfg).head_cfg == {"kind": "regress"}
     with pytest.raises(ValueError, match="continuous"):
-        objectives.get_objective(cfg).head(info, mcfg)
+        make(l1, info, mcfg)
+    tokens = cfg("masked")
+    tokens.target = "tokens"
+    with pytest.raises(ValueError, match="token inputs"):
+        make(tokens, cont, mcfg)
     with pytest.raises(ValueError, match="paired"):
-        objectives.get_objective(objectives.objective_config("retrieval")).head(info, mcfg)
+        make(cfg("retrieval"), info, mcfg)
     with pytest.raises(ValueError, match="kind"):
-        objectives.objective_config("mlm")
+        cfg("mlm")
+    bad = cfg("masked")
+    bad.target = "pixels"
+    with pytest.raises(ValueError, match="target"):
+        make(bad, info, mcfg)
+    pixels = jax.tree.map(jnp.asarray, common.pixel_batch(seed=1))
+    with pytest.raises(ValueError, match="dtype"):  # built for tokens, given pixels
+        make(cfg("masked"), info, mcfg).loss(FixedOutput(), {"params": {}}, pixels,
+                                             jax.random.PRNGKey(0), train=True)
 
 
 # ------------------------------------------------------------------ real steps
@@ -243,14 +265,14 @@ def test_real_step_loss_decreases(case):
     kind, continuous, target, span = CASES[case]
     cfg = objectives.objective_config(kind)
     cfg.target, cfg.span_length, cfg.mask_rate = target, span, 0.3
-    obj = objectives.get_objective(cfg)
     info = {"vocab_size": common.VOCAB, "num_classes": 3, "d_input": 1,
             "input_type": "continuous" if continuous else "tokens",
             "pair": kind == "retrieval", "max_length": common.LENGTH}
     # Continuous SPT uses the indicator channel; the causal token case uses a causal backbone.
     model_cfg = common.tiny_model_config(continuous=continuous, mask_channel=continuous,
                                          causal=kind == "causal")
-    head = obj.head(info, model_cfg)
+    obj = objectives.make_objective(cfg, info, model_cfg)
+    head = obj.head_cfg
     # Classification runs with BatchNorm (model_state), masked tokens with dropout.
     norm = "batch" if case == "classify" else "layer"
     dropout = 0.1 if case == "masked_tokens" else 0.0

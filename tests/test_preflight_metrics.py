@@ -5,6 +5,7 @@ import jax
 import pytest
 
 from experiments import smoke
+from sptlib import data as data_lib
 from sptlib import objectives
 from sptlib.train import preflight, setup
 
@@ -30,6 +31,6 @@ def test_metric_names_match_the_eval_step(kind, target, task, input_type):
     stage = c.stages.scratch
     stage.objective = objectives.objective_config(kind)
     stage.objective.target = target
-    built = setup.build_stage(c, "scratch", info=setup.offline_task_info(c.data), abstract=True)
+    built = setup.build_stage(c, "scratch", info=data_lib.task_info(c.data), abstract=True)
     reported = jax.eval_shape(built.eval_step, built.state, built.example_batch)
     assert set(reported) == preflight.metric_names(stage.objective)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from sptlib import compare
+from sptlib import data as data_lib
 from sptlib import experiments_lib as lib
 from sptlib import experiments_variants as variants
 from sptlib.models import build_model
@@ -130,7 +131,7 @@ def test_mlpinit_stage2_loads_exactly_the_non_mixer_tensors(tmp_path):
     pipeline.run(c, str(wd))
     res = json.loads((wd / "finetune" / "results.json").read_text())
     init = res["init"]
-    built = setup.build_stage(c, "finetune", info=setup.offline_task_info(c.data),
+    built = setup.build_stage(c, "finetune", info=data_lib.task_info(c.data),
                               abstract=True)
     every = _paths(built.state.params)
     mixers = {p for p in every if re.search(variants.MIXER_PATTERN, p)}

@@ -3,7 +3,7 @@
 - `matmul_peak`: best fp32 `jnp.dot` throughput of large square matrices (FLOP/s), measured in
   the same run as the train steps so model FLOP utilisation (MFU) is against this machine, now.
 - `bench_config`: one experiment config (`experiments/<file>.py:<arg>`), its first stage, built
-  through the engine exactly as `sptlib.train.loop` does (`build_model`, `get_objective`,
+  through the engine exactly as `sptlib.train.loop` does (`build_model`, `make_objective`,
   `make_optimizer`, `init_train_state`, `make_train_step`) on synthetic batches of the task's
   shapes. Reports the first step (compile + run) and the median step after it, tokens/s,
   examples/s, the planned peak memory of an equivalent jitted step, and MFU.
@@ -207,7 +207,7 @@ def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=
         p[k] for k in ("real_length", "length", "per_example", "batch_size", "built", "gbatch"))
     state, train_step = built.state, built.train_step
     model_cfg, objective = built.model_cfg, built.objective
-    head = objective.head(info, model_cfg)
+    head = objective.head_cfg
     n_params = built.num_params
 
     t0 = time.perf_counter()

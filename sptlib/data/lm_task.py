@@ -10,8 +10,6 @@ from sptlib.data import lm
 from sptlib.data.defaults import sequence_length, task_info
 from sptlib.data.task import Task, check_tokens, register
 
-DEFAULT_LENGTH = lm.DEFAULT_LENGTH  # re-exported for sptlib.train.setup
-
 
 @register(*lm.LM_TASKS)
 def build(cfg):

@@ -10,6 +10,7 @@ zeroed before the mixer, and batch norm computes its statistics over real positi
 at real positions never depend on padding.
 """
 
+import dataclasses
 from typing import Any, Tuple
 
 import flax.linen as nn
@@ -75,23 +76,21 @@ def mixer_class(name):
     return get_mixer(name)
 
 
-class ResidualBlock(nn.Module):
-    """Sequence mixer + optional FFN, each in a pre- or post-norm residual branch.
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """The options every block of a backbone shares (frozen, so it is a hashable module attribute).
 
-    `y = block(x[batch, length, d_model], *, mask[batch, length] | None, deterministic)`.
+    Built from `config.model` in one place, `sptlib.models.build.block_config`.
 
     Attributes:
-      mixer: mixer name in `sptlib.layers.MIXERS`.
-      mixer_options: `((key, value), ...)` keyword arguments of the mixer constructor
-        (a tuple so the module stays hashable).
-      d_model, causal, dropout: passed to the mixer; dropout also on both residual branches.
+      d_model: block width (features in and out).
+      causal, dropout: passed to the mixer; dropout also on both residual branches.
       norm: ``layer`` | ``batch``.  prenorm: pre-norm (True) or post-norm (False).
       ffn_mult: FFN width multiplier; 0 = no FFN sub-block.
+      dtype: compute dtype of the FFN and norms.
       init_scheme: linen | torch initialisation of the FFN (`sptlib.layers.initializers`); attention
-        mixers take theirs from `mixer_options`.
+        mixers take theirs from their options.
     """
-    mixer: str
-    mixer_options: Tuple[Tuple[str, Any], ...] = ()
     d_model: int = 64
     causal: bool = False
     dropout: float = 0.0
@@ -101,23 +100,38 @@ class ResidualBlock(nn.Module):
     dtype: Any = jnp.float32
     init_scheme: str = "linen"
 
+
+class ResidualBlock(nn.Module):
+    """Sequence mixer + optional FFN, each in a pre- or post-norm residual branch.
+
+    `y = block(x[batch, length, d_model], *, mask[batch, length] | None, deterministic)`.
+
+    Attributes:
+      mixer: mixer name in `sptlib.layers.MIXERS`.
+      mixer_options: `((key, value), ...)` keyword arguments of the mixer constructor
+        (a tuple so the module stays hashable).
+      config: the shared block options (`BlockConfig`).
+    """
+    mixer: str
+    mixer_options: Tuple[Tuple[str, Any], ...] = ()
+    config: BlockConfig = BlockConfig()
+
     @nn.compact
     def __call__(self, x, *, mask=None, deterministic=True):
-        mixer = mixer_class(self.mixer)(d_model=self.d_model, causal=self.causal,
-                                        dropout=self.dropout, **dict(self.mixer_options),
-                                        name="mixer")
+        c = self.config
+        mixer = mixer_class(self.mixer)(d_model=c.d_model, causal=c.causal, dropout=c.dropout,
+                                        **dict(self.mixer_options), name="mixer")
         branches = [("mixer", lambda h: mixer(h, mask=mask, deterministic=deterministic))]
-        if self.ffn_mult:
-            ffn = FeedForward(self.d_model, self.ffn_mult, self.dropout, self.dtype,
-                              self.init_scheme, name="ffn")
+        if c.ffn_mult:
+            ffn = FeedForward(c.d_model, c.ffn_mult, c.dropout, c.dtype, c.init_scheme, name="ffn")
             branches.append(("ffn", lambda h: ffn(h, deterministic=deterministic)))
         for name, branch in branches:
-            norm = Norm(self.norm, dtype=self.dtype, name=f"{name}_norm")
-            h = norm(x, mask=mask, deterministic=deterministic) if self.prenorm else x
+            norm = Norm(c.norm, dtype=c.dtype, name=f"{name}_norm")
+            h = norm(x, mask=mask, deterministic=deterministic) if c.prenorm else x
             if mask is not None:
                 h = jnp.where(mask[..., None], h, 0)  # padding never reaches a mixer
-            h = nn.Dropout(self.dropout)(branch(h), deterministic=deterministic)
+            h = nn.Dropout(c.dropout)(branch(h), deterministic=deterministic)
             x = x + h
-            if not self.prenorm:
+            if not c.prenorm:
                 x = norm(x, mask=mask, deterministic=deterministic)
         return x

@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from sptlib.layers import get_mixer
-from sptlib.layers.blocks import Norm, ResidualBlock
+from sptlib.layers.blocks import BlockConfig, Norm, ResidualBlock
 
 ACTIVATION_AXES = ("batch", "length", "embed")
 
@@ -43,17 +43,13 @@ def _zero_mixer(next_fun, args, kwargs, context):
 
 
 class Layer(nn.Module):
-    """One backbone layer: a `ResidualBlock` around `mixer`, or a GSS block when `mixer == 'gss'`."""
+    """One backbone layer: a `ResidualBlock` around `mixer`, or a GSS block when `mixer == 'gss'`.
+
+    `y = layer(x[batch, length, d_model], mask[batch, length] | None, deterministic)`.
+    """
     mixer: str
     mixer_options: Tuple[Tuple[str, Any], ...]
-    d_model: int
-    causal: bool = False
-    dropout: float = 0.0
-    norm: str = "layer"
-    prenorm: bool = True
-    ffn_mult: float = 2
-    dtype: Any = jnp.float32
-    init_scheme: str = "linen"
+    config: BlockConfig
     bypass_mixer: bool = False
 
     @nn.compact
@@ -66,12 +62,11 @@ class Layer(nn.Module):
                                  "not in a residual mixer branch; mlpinit supports attention and "
                                  "residual SSM mixers (s4, s4d, dss, dlr, s5)")
             # GSS is a whole residual block (own shortcut and norm): not wrapped again.
-            block = get_mixer("gss")(d_model=self.d_model, causal=self.causal,
-                                     dropout=self.dropout, **dict(self.mixer_options), name="block")
+            c = self.config
+            block = get_mixer("gss")(d_model=c.d_model, causal=c.causal, dropout=c.dropout,
+                                     **dict(self.mixer_options), name="block")
         else:
-            block = ResidualBlock(self.mixer, self.mixer_options, self.d_model, self.causal,
-                                  self.dropout, self.norm, self.prenorm, self.ffn_mult, self.dtype,
-                                  self.init_scheme, name="block")
+            block = ResidualBlock(self.mixer, self.mixer_options, self.config, name="block")
         if not self.bypass_mixer:
             return _constrain(block(x, mask=mask, deterministic=deterministic))
         with nn.intercept_methods(_zero_mixer):
@@ -80,12 +75,16 @@ class Layer(nn.Module):
 
 class _ScanLayer(nn.Module):
     """`Layer` in scan form: `(x, mask) -> (x, None)`; `deterministic` is static."""
-    layer_kwargs: Tuple[Tuple[str, Any], ...]
+    mixer: str
+    mixer_options: Tuple[Tuple[str, Any], ...]
+    config: BlockConfig
+    bypass_mixer: bool
     deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, mask):
-        return Layer(**dict(self.layer_kwargs), name="layer")(x, mask, self.deterministic), None
+        layer = Layer(self.mixer, self.mixer_options, self.config, self.bypass_mixer, name="layer")
+        return layer(x, mask, self.deterministic), None
 
 
 class Backbone(nn.Module):
@@ -94,32 +93,17 @@ class Backbone(nn.Module):
 
     Attributes:
       layers: `((mixer name, ((option, value), ...)), ...)`, one entry per layer.
-      d_model, causal, dropout, norm, prenorm, ffn_mult, dtype: shared by all layers.
+      config: the block options shared by all layers (`sptlib.layers.blocks.BlockConfig`).
       scan_layers: run a stack of identical layers with `nn.scan` (parameters get a leading
         `layers` axis, logical name ``layers``).
       remat: rematerialise each layer in the backward pass.
-      init_scheme: linen | torch initialisation of the FFNs (`sptlib.layers.inits`).
       bypass_mixers: every mixer outputs zeros (a per-token network; see the module docstring).
     """
     layers: Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...]
-    d_model: int
-    causal: bool = False
-    dropout: float = 0.0
-    norm: str = "layer"
-    prenorm: bool = True
-    ffn_mult: float = 2
+    config: BlockConfig
     scan_layers: bool = True
     remat: bool = False
-    dtype: Any = jnp.float32
-    init_scheme: str = "linen"
     bypass_mixers: bool = False
-
-    def _layer_kwargs(self, spec):
-        mixer, options = spec
-        return dict(mixer=mixer, mixer_options=options, d_model=self.d_model, causal=self.causal,
-                    dropout=self.dropout, norm=self.norm, prenorm=self.prenorm,
-                    ffn_mult=self.ffn_mult, dtype=self.dtype, init_scheme=self.init_scheme,
-                    bypass_mixer=self.bypass_mixers)
 
     @nn.compact
     def __call__(self, x, mask=None, *, deterministic=True):
@@ -131,14 +115,16 @@ class Backbone(nn.Module):
                               split_rngs={"params": True, "dropout": True},
                               in_axes=nn.broadcast, length=len(self.layers),
                               metadata_params={nn.PARTITION_NAME: "layers"})
-            kwargs = tuple(sorted(self._layer_kwargs(self.layers[0]).items()))
-            x, _ = scanned(kwargs, deterministic, name="layers")(x, mask)
+            mixer, options = self.layers[0]
+            x, _ = scanned(mixer, options, self.config, self.bypass_mixers, deterministic,
+                           name="layers")(x, mask)
         else:
             cls = nn.remat(Layer, static_argnums=(3,)) if self.remat else Layer
-            for i, spec in enumerate(self.layers):
-                x = cls(**self._layer_kwargs(spec), name=f"layer_{i}")(x, mask, deterministic)
-        if self.prenorm:
-            x = Norm(self.norm, dtype=self.dtype, name="final_norm")(
+            for i, (mixer, options) in enumerate(self.layers):
+                x = cls(mixer, options, self.config, self.bypass_mixers, name=f"layer_{i}")(
+                    x, mask, deterministic)
+        if self.config.prenorm:
+            x = Norm(self.config.norm, dtype=self.config.dtype, name="final_norm")(
                 x, mask=mask, deterministic=deterministic)
         if mask is not None:
             x = jnp.where(mask[..., None], x, 0)

@@ -10,7 +10,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from sptlib.layers import inits
+from sptlib.layers import initializers
+from sptlib.layers.blocks import BlockConfig
 from sptlib.models.backbone import Backbone
 from sptlib.models.bow import BagOfWords
 from sptlib.models.encoders import LinearEncoder, TokenEncoder
@@ -30,6 +31,16 @@ def _as_dict(cfg):
 def _freeze(options):
     """Mapping -> sorted tuple of items (hashable module attribute)."""
     return tuple(sorted(options.items()))
+
+
+def block_config(model_cfg) -> BlockConfig:
+    """The `BlockConfig` shared by every block of `model_cfg` (`config.model`): the one place
+    where the config's block fields become module attributes."""
+    c = model_cfg
+    return BlockConfig(d_model=c.d_model, causal=c.causal, dropout=c.dropout, norm=c.norm,
+                       prenorm=c.prenorm, ffn_mult=c.ffn_mult,
+                       dtype=DTYPES[c.get("dtype", "float32")],
+                       init_scheme=c.get("init_scheme", "linen"))
 
 
 def layer_specs(model_cfg):
@@ -107,7 +118,7 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
     h = _as_dict(head_cfg)
     dtype = DTYPES[c.get("dtype", "float32")]
     scheme = c.get("init_scheme", "linen")
-    inits.check(scheme)
+    initializers.check(scheme)
     if c.encoder == "token":
         if c.vocab_size <= 0:
             raise ValueError("model.vocab_size must be set (from task.info['vocab_size'])")
@@ -122,9 +133,8 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
         backbone = BagOfWords(nonlinear=c.encoder == "linear")
     else:
         # `bypass_mixers` (set per stage by `stages.<s>.bypass_mixers`): a per-token network.
-        backbone = Backbone(layer_specs(c), c.d_model, c.causal, c.dropout, c.norm, c.prenorm,
-                            c.ffn_mult, c.get("scan_layers", True), c.get("remat", False), dtype,
-                            scheme, bool(c.get("bypass_mixers", False)))
+        backbone = Backbone(layer_specs(c), block_config(c), c.get("scan_layers", True),
+                            c.get("remat", False), bool(c.get("bypass_mixers", False)))
     kind = h.get("kind")
     pooling = h.get("pooling", c.pooling)
     if kind == "classify":

@@ -48,7 +48,8 @@ def model_config():
     c.dtype = "float32"
     # Initialisation of the dense projections (encoder, attention, FFN, heads): linen (fan-in
     # truncated normal, zero biases) | torch (PyTorch's nn.Linear / nn.TransformerEncoderLayer
-    # defaults); see sptlib.layers.inits. Norms, embeddings and SSM parameters are unaffected.
+    # defaults); see sptlib.layers.initializers. Norms, embeddings and SSM parameters are
+    # unaffected.
     c.init_scheme = "linen"
     # Mixer-specific options, passed to the mixer constructor.
     c.attention = ml_collections.ConfigDict(

@@ -12,7 +12,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from sptlib.layers import inits
+from sptlib.layers import initializers
 
 POSITIONS = ("none", "sinusoidal", "learned")
 
@@ -77,14 +77,14 @@ class LinearEncoder(nn.Module):
     positions: str = "none"
     max_length: int = 0
     dtype: Any = jnp.float32
-    init_scheme: str = "linen"  # linen | torch (sptlib.layers.inits)
+    init_scheme: str = "linen"  # linen | torch (sptlib.layers.initializers)
 
     @nn.compact
     def __call__(self, inputs):
         if inputs.ndim != 3 or inputs.shape[-1] != self.d_features:
             raise ValueError(f"linear encoder expects [batch, length, {self.d_features}] "
                              f"(d_input + mask channel), got {list(inputs.shape)}")
-        kernel_init, bias_init = inits.dense(self.init_scheme, self.d_features)
+        kernel_init, bias_init = initializers.dense(self.init_scheme, self.d_features)
         x = nn.Dense(self.d_model, dtype=self.dtype,
                      kernel_init=nn.with_logical_partitioning(kernel_init, (None, "embed")),
                      bias_init=nn.with_logical_partitioning(bias_init, ("embed",)),

@@ -12,7 +12,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from sptlib.layers import inits
+from sptlib.layers import initializers
 
 POOLING = ("mean", "max", "last")
 
@@ -39,7 +39,7 @@ def pool(x, mask=None, kind="mean"):
 
 
 def _dense(features, names, name, fan_in, init_scheme="linen", dtype=jnp.float32):
-    kernel_init, bias_init = inits.dense(init_scheme, fan_in)
+    kernel_init, bias_init = initializers.dense(init_scheme, fan_in)
     return nn.Dense(features, dtype=dtype, name=name,
                     kernel_init=nn.with_logical_partitioning(kernel_init, names),
                     bias_init=nn.with_logical_partitioning(bias_init, names[-1:]))

@@ -4,7 +4,7 @@
 task info, objective, model, mesh, logical rules, optimizer, train state with its shardings, and
 the jit-compiled train / eval steps (`sptlib.train.steps`: state donation, batch sharding over
 the `batch` rule's mesh axes). `sptlib.train.loop.train_stage`, `sptlib.lengthgen`,
-`sptlib.bench.train` and `sptlib.aot` all call it, so what is compiled ahead of time for a TPU
+`sptlib.bench.train_step` and `sptlib.aot` all call it, so what is compiled ahead of time for a TPU
 slice is what trains.
 
 With `abstract=True` nothing is allocated: the state and the example batch are
@@ -25,7 +25,6 @@ import optax
 
 from sptlib import data as data_lib
 from sptlib import models, objectives
-from sptlib.data import lm, lm_task, tokenizers
 from sptlib.train import flops, optim, sharding, steps
 
 
@@ -94,7 +93,7 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
       example_batch: a batch (dict of arrays, this process's share) whose shapes the state is
         initialised from; default: `batch_shapes(info, stage.batch_size)` (abstract, global).
       info: the task's `info`; default: `sptlib.data.get_task(config.data).info` (reads the
-        data's metadata; `offline_task_info` avoids the disk).
+        data's metadata; `sptlib.data.task_info(config.data)` avoids the disk).
       devices: the mesh's devices (default `jax.devices()`); may be TPU topology devices.
       abstract: allocate nothing: `state` is `ShapeDtypeStruct`s with shardings.
       train: False builds an evaluation-only stage (`optax.identity`, no train step).
@@ -106,12 +105,12 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
     seed = stage_seed(config, stage_name)
     if info is None:
         info = data_lib.get_task(config.data).info
-    objective = objectives.get_objective(stage.objective)
     model_cfg = models.resolve_model_config(config.model, info)
     if stage.get("bypass_mixers", False):
         # mlpinit's stage 1: the same model with every sequence mixer bypassed (per-token).
         model_cfg.bypass_mixers = True
-    model = models.build_model(model_cfg, objective.head(info, model_cfg))
+    objective = objectives.make_objective(stage.objective, info, model_cfg)
+    model = models.build_model(model_cfg, objective.head_cfg)
     mesh = sharding.create_mesh(config.mesh, devices)
     rules = sharding.normalize_rules(config.logical_axis_rules)
     if example_batch is None:
@@ -183,44 +182,3 @@ def batch_shapes(info, batch_size: int, length: int = 0, sharding=None) -> dict:
         out["inputs2"] = inputs["inputs"]
         out["mask2"] = out["mask"]
     return out
-
-
-def offline_task_info(data_cfg) -> dict:
-    """`get_task(data_cfg).info` without touching data on disk.
-
-    Mirrors the task builders in `sptlib.data` (vocabulary sizes from `sptlib.data.tokenizers`),
-    so benchmarks and AOT compiles run on machines without the datasets.
-    """
-    t = data_cfg.task
-    tokens = data_cfg.input_type == "tokens"
-    pixel_vocab = tokenizers.PIXEL_VOCAB_SIZE if tokens else 0
-    ml = int(data_cfg.max_length)
-    res = int(data_cfg.resolution)
-    info = dict(name=t, input_type=data_cfg.input_type, d_input=1, pair=False)
-    if t == "listops":
-        info.update(vocab_size=tokenizers.LISTOPS_VOCAB_SIZE, num_classes=10,
-                    max_length=ml or 2000)
-    elif t == "text":
-        info.update(vocab_size=tokenizers.BYTE_VOCAB_SIZE, num_classes=2, max_length=ml or 4096)
-    elif t == "retrieval":
-        info.update(vocab_size=tokenizers.BYTE_VOCAB_SIZE, num_classes=2, max_length=ml or 4000,
-                    pair=True)
-    elif t in ("pathfinder", "pathx", "pathx256"):
-        r = res or {"pathfinder": 32, "pathx": 128, "pathx256": 256}[t]
-        info.update(vocab_size=pixel_vocab, num_classes=2, max_length=r * r)
-    elif t in ("image", "scifar"):
-        ch = 3 if t == "scifar" else 1
-        info.update(vocab_size=pixel_vocab, num_classes=10,
-                    max_length=1024 * ch if tokens else 1024, d_input=1 if tokens else ch)
-    elif t == "fashion_mnist":
-        r = res or 28
-        info.update(vocab_size=pixel_vocab, num_classes=10, max_length=r * r)
-    elif t == "speech_commands":
-        info.update(vocab_size=pixel_vocab, num_classes=35, max_length=ml or 16000)  # SC35
-    elif t in lm.LM_TASKS:
-        # Causal LMs: bytes, or the SentencePiece model's vocabulary when one is configured.
-        info.update(vocab_size=lm.vocab_size(data_cfg), num_classes=0,
-                    max_length=ml or lm_task.DEFAULT_LENGTH)
-    else:
-        raise ValueError(f"no offline task info for task {t!r}")
-    return info
