@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from sptlib import experiments_lib, lengthgen, pipeline
+from sptlib import experiments_lib, lengthgen, stages
 from sptlib.data import listops
 from sptlib.train import checkpoint as ckpt_lib
 
@@ -35,7 +35,7 @@ def finished_run(request, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp(request.param)
     config = _config(tmp_path, request.param)
     workdir = tmp_path / "run"
-    pipeline.run(config, str(workdir))
+    stages.run(config, str(workdir))
     return config, workdir
 
 
