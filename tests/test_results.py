@@ -7,6 +7,8 @@ finished run on disk): reading it and writing it back must give the same JSON.
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +92,11 @@ def test_write_is_atomic_and_replaces(tmp_path, monkeypatch):
     results_lib.write_json(path, {"b": {1, 2}, "c": (3,)}, indent=1, sort_keys=False)
     assert json.loads(path.read_text()) == {"b": [1, 2], "c": [3]}
     assert path.read_text().startswith('{\n "b"')
+
+
+def test_reading_results_imports_no_jax():
+    """The comparison's readers (records, lmreport) and the schema load without JAX."""
+    code = ("import sys, sptlib.train.results, sptlib.records, sptlib.lmreport; "
+            "sys.exit('jax' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
