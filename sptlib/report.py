@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
-from sptlib import lmreport, stats
+from sptlib import learning_curves, lmreport, stats
 
 # Display order of regimes (unknown regimes follow in first-seen order).
 REGIME_ORDER = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
@@ -292,12 +292,14 @@ def _save(fig, path):
 
 def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     """Writes `comparison.md`, `accuracy.png` and `curves.png` (+ one pair per extra data
-    fraction) under `workdir`; returns {name: path}."""
+    fraction), and `denoising.png` where runs pretrained, under `workdir`; returns {name: path}."""
     out = {"markdown": os.path.join(workdir, "comparison.md")}
     text = markdown(records, title)
-    lm_text = lmreport.markdown(records)  # causal LM runs: length generalisation, equal compute
-    epath.Path(out["markdown"]).write_text(text + ("\n" + lm_text if lm_text else ""))
+    # causal LM runs: length generalisation, equal compute; then the learning curves
+    extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records)) if t]
+    epath.Path(out["markdown"]).write_text("\n".join([text, *extra]))
     out.update(lmreport.write_plots(records, workdir, _save))
+    out.update(learning_curves.write_plots(records, workdir, _save))
     fractions = sorted({r.get("data_fraction", 1.0) for r in records}, reverse=True)
     for frac in fractions:
         suffix = "" if frac == 1.0 else f"_frac{frac:g}"
