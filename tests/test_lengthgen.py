@@ -12,6 +12,7 @@ import pytest
 from sptlib import experiments_lib, lengthgen, stages
 from sptlib.data import listops
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import transfer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,7 +64,7 @@ def _constant_classifier(workdir, copy_to, cls):
     kernel is zero and its bias one-hot (the rest of the state is the run's own)."""
     shutil.copytree(workdir, copy_to)
     ck_dir = copy_to / "scratch" / "checkpoints"
-    step = ckpt_lib.resolve_init_checkpoint("scratch", copy_to, "best")
+    step = transfer.resolve_init_checkpoint("scratch", copy_to, "best")
     meta = ckpt_lib.saved_tree(step)
     item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
     with ocp.PyTreeCheckpointer() as c:
