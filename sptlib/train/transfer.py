@@ -22,8 +22,7 @@ from sptlib.train.checkpoint import CHECKPOINTS_DIR
 from sptlib.train.checkpoint_io import _flat, absolute, saved_tree, to_host
 
 
-
-def is_step_dir(path: epath.Path) -> bool:
+def _is_step_dir(path: epath.Path) -> bool:
     return path.name.isdigit() and (path / "state").exists()
 
 
@@ -44,9 +43,9 @@ def resolve_init_checkpoint(init_from: str, workdir, which: str = "best") -> epa
     for cand in candidates:
         if not cand.exists():
             continue
-        if is_step_dir(cand):
+        if _is_step_dir(cand):
             return cand
-        steps = sorted(int(p.name) for p in cand.iterdir() if is_step_dir(p))
+        steps = sorted(int(p.name) for p in cand.iterdir() if _is_step_dir(p))
         if not steps:
             continue
         if which == "latest":
