@@ -300,7 +300,7 @@ def test_weight_verification_catches_a_wrong_placement(pretrained, monkeypatch):
     """The bitwise read-back after loading fires when what sits in the model is not the file's
     (simulated: one tensor comes back off by one ulp from placement)."""
     fresh, _ = _init(_model_cfg(), FINETUNE_HEAD, seed=2)
-    real = ckpt_lib.to_host
+    real = transfer.to_host
     calls = []
 
     def off_by_one_ulp(x):
@@ -310,11 +310,11 @@ def test_weight_verification_catches_a_wrong_placement(pretrained, monkeypatch):
         calls.append(1)
         return out
 
-    monkeypatch.setattr(ckpt_lib, "to_host", off_by_one_ulp)
+    monkeypatch.setattr(transfer, "to_host", off_by_one_ulp)
     with pytest.raises(RuntimeError, match="differs from the checkpoint file"):
         transfer.load_pretrained(pretrained, fresh.params, fresh.model_state,
                                  dont_load=("^head/",))
-    monkeypatch.setattr(ckpt_lib, "to_host", real)  # and the same load passes unpatched
+    monkeypatch.setattr(transfer, "to_host", real)  # and the same load passes unpatched
     transfer.load_pretrained(pretrained, fresh.params, fresh.model_state, dont_load=("^head/",))
 
 
