@@ -17,7 +17,7 @@ overrides apply to every run. Regimes:
   mlpinit                the model with its mixers bypassed first, then finetuned with fresh mixers.
 Control models (`bow`) run under scratch only; their other cells are left out.
 
-Each run goes to `DIR/<model>/<regime>[-frac<f>]/seed<k>/` through `sptlib.pipeline.run`. A run
+Each run goes to `DIR/<model>/<regime>[-frac<f>]/seed<k>/` through `sptlib.stages.run`. A run
 whose `results.json` says it finished is skipped, so an interrupted comparison re-run with the same
 command finishes only the missing runs (an unfinished run resumes from its own checkpoints).
 Afterwards `DIR/comparison.json` (one record per run), `DIR/comparison.md` and the plots are
@@ -50,8 +50,8 @@ from sptlib import experiments_lib
 from sptlib import lmreport
 from sptlib import logs
 from sptlib import report
-from sptlib.records import (_get, curve_from_events, is_finished,  # noqa: F401 (re-exported)
-                            load_results, make_record)
+from sptlib.records import is_finished, load_results, make_record
+from sptlib.train import results as results_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, `path.py[:arg]`, with a `compare` section.",
@@ -193,7 +193,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     Args:
       specs: from `expand`.
       workdir: root of the comparison (comparison.json etc. land here).
-      run_fn: `run_fn(config, run_workdir) -> results` (default `sptlib.pipeline.run`); injected
+      run_fn: `run_fn(config, run_workdir) -> results` (default `sptlib.stages.run`); injected
         by tests.
       length_factors: evaluate finished classifiers at these multiples of the training length.
       length_eval_fn: `fn(config, run_workdir, factor) -> accuracy | None` (default
@@ -207,8 +207,8 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
       (records, {name: path of the written report files}).
     """
     if run_fn is None:
-        from sptlib import pipeline  # deferred: importing the trainer pulls in JAX
-        run_fn = pipeline.run
+        from sptlib import stages  # deferred: importing the trainer pulls in JAX
+        run_fn = stages.run
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     specs = shard_specs(specs, shard)
     json_name = ("comparison.json" if shard is None
@@ -229,10 +229,10 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
             epath.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
             t0 = time.time()
             try:
-                results = run_fn(spec.config, spec.workdir)
+                run_fn(spec.config, spec.workdir)
                 status = ("finished" if is_finished(spec.workdir, spec.config.stage_order)
                           else "unfinished")
-                rec = make_record(spec, load_results(spec.workdir) or results, status=status,
+                rec = make_record(spec, load_results(spec.workdir), status=status,
                                   wall_time_s=time.time() - t0)
             except KeyboardInterrupt:
                 raise
@@ -299,22 +299,8 @@ def _length_eval(spec, factors, fn, log) -> dict:
 
 
 def _write_json(records, workdir, name="comparison.json"):
-    path = epath.Path(workdir) / name
-    text = json.dumps(records, indent=1, default=_json_default)
-    if "://" in str(path):  # object stores: one write is as atomic as it gets
-        path.write_text(text)
-        return
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # readers never see a half-written file
-
-
-def _json_default(o):
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    return str(o)
+    # Readers (a report, another shard) never see a half-written file.
+    results_lib.write_json(epath.Path(workdir) / name, records, indent=1, sort_keys=False)
 
 
 def parse_numbers(flag: str, values, kind=float, *, low=None, high=None, low_open=False):

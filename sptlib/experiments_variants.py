@@ -25,7 +25,7 @@ trains the same model with every sequence mixer bypassed (`stages.mlpinit.bypass
 residual block's mixer outputs zeros, so only the per-token parts — encoder, norms, FFNs, head —
 exist and learn), then `finetune` starts from it: the mixers at their usual init
 (`dont_load = MIXER_PATTERN`), every other tensor loaded from the best stage-1 checkpoint and
-checked one by one (`sptlib.train.checkpoint.load_pretrained`: a missing or mis-shaped non-mixer
+checked one by one (`sptlib.train.transfer.load_pretrained`: a missing or mis-shaped non-mixer
 tensor is an error; the loaded paths are listed in the stage's results, `init.loaded_tensors`).
 A pre-norm block's `mixer_norm` only feeds the mixer: in stage 1 it is computed, unused, and
 leaves at its init up to weight decay; it is loaded like every other non-mixer tensor.

@@ -14,13 +14,12 @@ Appended to `comparison.md` by `sptlib.report` when a comparison has runs to sho
 from __future__ import annotations
 
 import collections
-import json
 import os
 
-from etils import epath
 import numpy as np
 
 from sptlib import stats
+from sptlib.train import results as results_lib
 
 PLATEAU = 0.9  # fraction of the total drop of the denoising loss that counts as the plateau
 STEPS_SHOWN = (100, 300, 600, 1000, 2000, 5000, 10000)
@@ -37,10 +36,8 @@ def pretrain_history(record) -> list[dict]:
     stages = list(record.get("stages") or {})
     if len(stages) < 2 or not record.get("workdir"):
         return []
-    path = epath.Path(os.path.join(record["workdir"], stages[0], "results.json"))
-    if not path.exists():
-        return []
-    hist = json.loads(path.read_text()).get("history") or []
+    res = results_lib.read_stage(os.path.join(record["workdir"], stages[0]))
+    hist = res.history if res else []
     return [h for h in hist if h.get("step") is not None and h.get("loss") is not None]
 
 

@@ -22,9 +22,8 @@ import ml_collections
 from etils import epath
 
 from sptlib import data as data_lib
-from sptlib.errors import ConfigError
-from sptlib.train import checkpoint as ckpt_lib
-from sptlib.train import metrics as metrics_lib, setup, sharding
+from sptlib.errors import ConfigError, IncompatibleCheckpointError
+from sptlib.train import metrics as metrics_lib, setup, sharding, transfer
 
 FIXED_LENGTH_TASKS = ("image", "scifar", "pathfinder", "pathx", "pathx256", "fashion_mnist",
                       "lines")
@@ -87,11 +86,11 @@ def evaluate(config, workdir, factor: float, *, split: str = "test") -> float:
     built = setup.build_stage(long_cfg, stage_name, example_batch=setup.peek(it),
                               info=task.info, train=False)
     state, mesh, rules = built.state, built.mesh, built.rules
-    step_dir = ckpt_lib.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
+    step_dir = transfer.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
     try:
-        params, model_state, _ = ckpt_lib.load_pretrained(step_dir, state.params,
+        params, model_state, _ = transfer.load_pretrained(step_dir, state.params,
                                                           state.model_state)
-    except ckpt_lib.IncompatibleCheckpointError as e:
+    except IncompatibleCheckpointError as e:
         raise LengthGeneralizationUnsupported(
             f"the model has a length-sized parameter: {e}") from e
     state = state.replace(params=params, model_state=model_state)

@@ -34,8 +34,8 @@ from etils import epath
 
 from sptlib import data as data_lib
 from sptlib import lengthgen
-from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import setup
+from sptlib.train import transfer
 
 CACHE_FILE = "lm_eval.json"
 # How `train_step_flops` counts (bumped when that changes, so cached results are recounted).
@@ -91,8 +91,8 @@ def _restore(config, stage_name, workdir, task, example):
     trainer's own set-up (evaluation only)."""
     built = setup.build_stage(config, stage_name, example_batch=example, info=task.info,
                               train=False)
-    best = ckpt_lib.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
-    params, model_state, _ = ckpt_lib.load_pretrained(best, built.state.params,
+    best = transfer.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
+    params, model_state, _ = transfer.load_pretrained(best, built.state.params,
                                                       built.state.model_state)
     return built.model, built.objective, {"params": params, **model_state}, str(best)
 

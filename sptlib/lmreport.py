@@ -27,6 +27,7 @@ from etils import epath
 import numpy as np
 
 from sptlib import stats
+from sptlib.train import results as results_lib
 
 LM_TASKS = ("code_lm", "pg19", "lm1b", "arxiv")
 
@@ -41,8 +42,8 @@ def lm_record(config, workdir, factors, *, evaluate=True, log=print) -> dict | N
     """`record["lm"]` of a finished run: lmeval results (cached in the run's lm_eval.json;
     computed unless `evaluate=False`) plus the validation curve and training cost."""
     stage = config.stage_order[-1]
-    path = os.path.join(workdir, stage, "results.json")
-    res = json.loads(epath.Path(path).read_text()) if epath.Path(path).exists() else {}
+    res = (results_lib.read_stage(os.path.join(workdir, stage))
+           or results_lib.StageResults(stage=stage, status="absent"))
     cache = epath.Path(workdir) / "lm_eval.json"
     if cache.exists() and not evaluate:
         ev = json.loads(cache.read_text())
@@ -56,11 +57,10 @@ def lm_record(config, workdir, factors, *, evaluate=True, log=print) -> dict | N
     else:
         ev = {"factors": {}, "errors": {}}
     metric = "bits_per_token"
-    history = [(int(h["step"]), float(h[metric])) for h in res.get("history", []) if metric in h]
-    return dict(ev, history=history, steps=res.get("final_step"),
-                train_steps_per_s=res.get("train_steps_per_s"),
-                num_params=res.get("num_params"),
-                test_bits=((res.get("test") or {}).get("best") or {}).get(metric))
+    history = [(int(h["step"]), float(h[metric])) for h in res.history if metric in h]
+    return dict(ev, history=history, steps=res.final_step,
+                train_steps_per_s=res.train_steps_per_s, num_params=res.num_params,
+                test_bits=res.metric("test", "best", metric))
 
 
 def _lm_runs(records):

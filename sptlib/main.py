@@ -1,4 +1,4 @@
-"""Command line entry point: flags only, then `sptlib.pipeline.run(config, workdir)`.
+"""Command line entry point: flags only, then `sptlib.stages.run(config, workdir)`.
 
     python -m sptlib.main --config=experiments/smoke.py --workdir=/tmp/smoke \
         [--config.stages.pretrain.num_steps=100] [--verbose]
@@ -34,9 +34,9 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logs.quiet_library_logs()
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
-    from sptlib import pipeline
+    from sptlib import stages
     try:
-        pipeline.run(_CONFIG.value, _WORKDIR.value)
+        stages.run(_CONFIG.value, _WORKDIR.value)
     except errors.SptlibError as e:
         raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
 

@@ -1,7 +1,7 @@
 """Bad input, as a skeptical user gives it: every row is one input, the exit status it must
 produce, a piece of the ONE-line message, and a check that no checkpoint or data file was lost.
 
-Most rows run in-process through `sptlib.pipeline.run` (the code path of `sptlib.main`) and map
+Most rows run in-process through `sptlib.stages.run` (the code path of `sptlib.main`) and map
 the raised `SptlibError` to its exit status with `sptlib.errors.exit_code`; the command-line rows
 are real subprocesses that check stderr ends in one line and nothing else (no traceback).
 """
@@ -19,7 +19,7 @@ import time
 import pytest
 
 from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
-from sptlib import compare, errors, pipeline
+from sptlib import compare, errors, stages
 from sptlib.data import listops, pathfinder
 from sptlib.data import __main__ as data_cli
 
@@ -51,7 +51,7 @@ def lra(tmp_path_factory):
 def finished(lra, tmp_path_factory):
     """A finished tiny run (scratch, 4 steps, checkpoints at 2 and 4): copied by each row."""
     wd = tmp_path_factory.mktemp("finished") / "run"
-    pipeline.run(_config(lra), str(wd))
+    stages.run(_config(lra), str(wd))
     return wd
 
 
@@ -172,7 +172,7 @@ def test_rejected_before_training(name, make, needle, lra, tmp_path):
     config, wd = make(data, tmp_path)
     before = snapshot(tmp_path)
     with pytest.raises(errors.SptlibError) as e:
-        pipeline.run(config, str(wd))
+        stages.run(config, str(wd))
     assert errors.exit_code(e.value) == 2
     line = errors.one_line(e.value)
     assert needle in line and "\n" not in line, line
@@ -211,7 +211,7 @@ def test_bad_image_in_the_eval_split_is_found_before_training(images, tmp_path, 
     c.model.encoder = "token"
     before = snapshot(tmp_path)
     with pytest.raises(errors.DataError) as e:
-        pipeline.run(c, str(tmp_path / "wd"))
+        stages.run(c, str(tmp_path / "wd"))
     line = errors.one_line(e.value)
     assert "sample_18.png" in line and needle in line and "0.npy:19" in line, line
     assert_nothing_lost(before, tmp_path)
@@ -228,7 +228,7 @@ def test_changed_model_stops_and_keeps_every_checkpoint(finished, lra, tmp_path)
     with pytest.raises(errors.CheckpointMismatchError,
                        match=r"stage 'scratch'.*config\.model\.d_model=16 there, 32 now.*"
                              r"new --workdir"):
-        pipeline.run(changed, str(wd))
+        stages.run(changed, str(wd))
     assert_nothing_lost(before, wd)
     # Without the saved config.json to compare, the checkpoint's own tree stops it, naming the
     # parameter and both shapes; still nothing moved (config.json is rewritten by the stage).
@@ -239,7 +239,7 @@ def test_changed_model_stops_and_keeps_every_checkpoint(finished, lra, tmp_path)
                        match=r"stage 'scratch': checkpoint .*/4 does not match this config: "
                              r"'params/[^']+' is \([\d, ]+\) float32 in the checkpoint but "
                              r"\([\d, ]+\) float32 in this config"):
-        pipeline.run(changed, str(wd))
+        stages.run(changed, str(wd))
     after = snapshot(wd)
     assert {p for p in before if "checkpoints" in p} <= set(after)
     assert not (wd / "scratch" / "checkpoints" / "corrupt").exists()
@@ -255,16 +255,16 @@ def test_all_checkpoints_unreadable_stops_then_starts_over_on_request(finished, 
         shutil.rmtree(ck / s / "state")
     with pytest.raises(errors.NoReadableCheckpointError,
                        match="start_over_if_unreadable=True"):
-        pipeline.run(_config(lra), str(wd))
+        stages.run(_config(lra), str(wd))
     # Moved aside, not deleted: every step's data/ item is still there.
     moved = sorted(p.name.split("-")[0] for p in (ck / "corrupt").iterdir())
     assert moved == steps
     # A second run without the flag still refuses (the folder being empty is not a licence).
     with pytest.raises(errors.NoReadableCheckpointError):
-        pipeline.run(_config(lra), str(wd))
-    out = pipeline.run(_config(lra, start_over_if_unreadable=True), str(wd))
+        stages.run(_config(lra), str(wd))
+    out = stages.run(_config(lra, start_over_if_unreadable=True), str(wd))
     res = out["stages"]["scratch"]
-    assert res["status"] == "finished" and res["init"]["kind"] == "random"
+    assert res.finished and res.init["kind"] == "random"
 
 
 def test_truncated_stage_results_is_named_and_summary_kept(finished, lra, tmp_path):
@@ -275,16 +275,16 @@ def test_truncated_stage_results_is_named_and_summary_kept(finished, lra, tmp_pa
     stage.write_text(stage.read_text()[:40])
     before = snapshot(wd)
     with pytest.raises(errors.ResultsError, match=r"scratch/results\.json is unreadable"):
-        pipeline.run(_config(lra), str(wd))
+        stages.run(_config(lra), str(wd))
     assert (wd / "results.json").read_text() == summary
     assert_nothing_lost(before, wd)
     # A truncated summary is kept aside, and rebuilt from the stages' own results.
     stage.unlink()
     (wd / "results.json").write_text(summary[:30])
-    out = pipeline.run(_config(lra), str(wd))
+    out = stages.run(_config(lra), str(wd))
     assert (wd / "results.json.bad").read_text() == summary[:30]
     assert json.loads((wd / "results.json").read_text())["complete"]
-    assert out["stages"]["scratch"]["init"]["kind"] == "resume"  # from its step-4 checkpoint
+    assert out["stages"]["scratch"].init["kind"] == "resume"  # from its step-4 checkpoint
 
 
 COMPARE_FLAGS = [

@@ -22,6 +22,7 @@ from sptlib.train import config as config_lib
 from sptlib.train import optim
 from sptlib.train import sharding
 from sptlib.train import steps
+from sptlib.train import transfer
 from sptlib.train.state import TrainState
 
 VOCAB, LENGTH = 12, 16
@@ -41,7 +42,7 @@ def _toy_state(seed=0, scale=1.0):
 def _read_file_arrays(step_dir):
     """Independent read of a saved state: every array as NumPy, no target, no sharding."""
     with ocp.PyTreeCheckpointer() as c:
-        meta = ckpt_lib._saved_tree(epath.Path(step_dir))
+        meta = ckpt_lib.saved_tree(epath.Path(step_dir))
         item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
         return c.restore(epath.Path(step_dir) / "state", args=ocp.args.PyTreeRestore(
             item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item)))
@@ -76,10 +77,10 @@ def test_retention_keeps_latest_k_and_best(tmp_path):
         ckpt_lib.score_of({"loss": 3.0}, "loss", "min")
     assert ckpt_lib.score_of({"loss": float("nan")}, "loss", "min") == -float("inf")
     # resolve_init_checkpoint reads the same scores from disk: best -> 2, latest -> 6.
-    assert ckpt_lib.resolve_init_checkpoint(str(tmp_path / "ck"), None).name == "2"
-    assert ckpt_lib.resolve_init_checkpoint(str(tmp_path / "ck"), None, "latest").name == "6"
+    assert transfer.resolve_init_checkpoint(str(tmp_path / "ck"), None).name == "2"
+    assert transfer.resolve_init_checkpoint(str(tmp_path / "ck"), None, "latest").name == "6"
     with pytest.raises(ckpt_lib.NoCheckpointError, match="no checkpoint"):
-        ckpt_lib.resolve_init_checkpoint("nosuchstage", tmp_path)
+        transfer.resolve_init_checkpoint("nosuchstage", tmp_path)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "partial"])
@@ -177,13 +178,6 @@ def test_no_readable_checkpoint_left_stops_unless_told_to_start_over(tmp_path):
     ck.close()
 
 
-def test_truncated_json_is_named(tmp_path):
-    path = tmp_path / "results.json"
-    path.write_text('{"status": "fini')
-    with pytest.raises(ckpt_lib.ResultsError, match=r"results\.json is unreadable.*move it"):
-        ckpt_lib.read_json(path)
-
-
 def test_iterator_state_roundtrip():
     for s in ({"next_index": 3, "nested": [1, 2]}, b'{"a": 1}', None):
         enc = ckpt_lib.encode_iterator_state(s)
@@ -238,7 +232,7 @@ def test_init_from_loads_backbone_and_keeps_fresh_head(pretrained, caplog):
     fresh, _ = _init(_model_cfg(), FINETUNE_HEAD, seed=2)
     fresh_head = jax.device_get(fresh.params["head"])
     with caplog.at_level(logging.INFO):
-        params, model_state, report = ckpt_lib.load_pretrained(
+        params, model_state, report = transfer.load_pretrained(
             pretrained, fresh.params, fresh.model_state, dont_load=("^head/",))
     saved = _read_file_arrays(pretrained)["params"]
     # Every encoder/backbone tensor equals the file, bitwise.
@@ -274,7 +268,7 @@ def test_init_from_incompatible_model_names_first_mismatch(pretrained, change):
          if k[0] != "head"}
     first = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))[0]
     with pytest.raises(ckpt_lib.IncompatibleCheckpointError) as e:
-        ckpt_lib.load_pretrained(pretrained, other_params, {}, dont_load=("^head/",))
+        transfer.load_pretrained(pretrained, other_params, {}, dont_load=("^head/",))
     assert f"'{first}'" in str(e.value)
     assert "does not fit the model" in str(e.value)
 
@@ -293,7 +287,7 @@ def test_batchnorm_statistics_are_carried_from_pretrain_into_finetune(tmp_path):
     ck.save(3, state.replace(model_state=stats), None)
     ck.close()
     fresh, _ = _init(cfg, FINETUNE_HEAD, seed=2)
-    _, model_state, report = ckpt_lib.load_pretrained(tmp_path / "ck" / "3", fresh.params,
+    _, model_state, report = transfer.load_pretrained(tmp_path / "ck" / "3", fresh.params,
                                                       fresh.model_state, dont_load=("^head/",))
     from_file = _read_file_arrays(tmp_path / "ck" / "3")["model_state"]
     assert _tree_equal(model_state, from_file) and _tree_equal(model_state, stats)
@@ -306,7 +300,7 @@ def test_weight_verification_catches_a_wrong_placement(pretrained, monkeypatch):
     """The bitwise read-back after loading fires when what sits in the model is not the file's
     (simulated: one tensor comes back off by one ulp from placement)."""
     fresh, _ = _init(_model_cfg(), FINETUNE_HEAD, seed=2)
-    real = ckpt_lib.to_host
+    real = transfer.to_host
     calls = []
 
     def off_by_one_ulp(x):
@@ -316,12 +310,12 @@ def test_weight_verification_catches_a_wrong_placement(pretrained, monkeypatch):
         calls.append(1)
         return out
 
-    monkeypatch.setattr(ckpt_lib, "to_host", off_by_one_ulp)
+    monkeypatch.setattr(transfer, "to_host", off_by_one_ulp)
     with pytest.raises(RuntimeError, match="differs from the checkpoint file"):
-        ckpt_lib.load_pretrained(pretrained, fresh.params, fresh.model_state,
+        transfer.load_pretrained(pretrained, fresh.params, fresh.model_state,
                                  dont_load=("^head/",))
-    monkeypatch.setattr(ckpt_lib, "to_host", real)  # and the same load passes unpatched
-    ckpt_lib.load_pretrained(pretrained, fresh.params, fresh.model_state, dont_load=("^head/",))
+    monkeypatch.setattr(transfer, "to_host", real)  # and the same load passes unpatched
+    transfer.load_pretrained(pretrained, fresh.params, fresh.model_state, dont_load=("^head/",))
 
 
 def test_unknown_config_keys_are_errors():

@@ -205,7 +205,7 @@ def test_shards_split_the_grid_and_the_report_merges_them(experiment, tmp_path):
             compare.parse_shard(bad)
 
 
-# One real tiny comparison: the real trainer (sptlib.pipeline.run), 2 runs, length at 2x.
+# One real tiny comparison: the real trainer (sptlib.stages.run), 2 runs, length at 2x.
 _REAL = textwrap.dedent('''
     from experiments import smoke
     from sptlib import experiments_lib as lib

@@ -70,11 +70,11 @@ def test_fake_gcs_maps_bucket_paths_to_local_dir(tmp_path):
 
 
 def test_pipeline_reaches_first_write_on_gs_workdir(tmp_path, monkeypatch):
-    """`sptlib.pipeline.run(config, "gs://...")` creates the stage dir and writes its first file
+    """`sptlib.stages.run(config, "gs://...")` creates the stage dir and writes its first file
     through epath. Stops there: later writes (orbax/TensorStore, TensorBoard via tf.io.gfile)
     use their own gs clients, which this test must not reach."""
     from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
-    from sptlib import pipeline
+    from sptlib import stages
     config = smoke.get_config()
     # The data lives outside cwd: preflight generates it (a local path) before the first write.
     config.data.lra_dir = str(tmp_path / "lra")
@@ -83,7 +83,7 @@ def test_pipeline_reaches_first_write_on_gs_workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(cwd)
     writes = []
     with _fake_gcs(tmp_path / "gcs", writes), pytest.raises(_FirstWrite):
-        pipeline.run(config, BUCKET_RUN)
+        stages.run(config, BUCKET_RUN)
     first_stage = config.stage_order[0]
     assert writes, "no write reached the gs:// file system"
     assert writes[0].startswith(f"{BUCKET_RUN}/{first_stage}/"), writes

@@ -9,9 +9,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # JAX-free modules every layer may use (errors, ids, statistics, mesh presets, logging).
-FOUNDATION = {"errors", "vocab", "stats", "meshes", "topologies", "logs", "records",
-              "paper_presets"}
-# What each layer may import from sptlib; "tools" (pipeline, compare, aot, bench, the CLIs and
+FOUNDATION = {"errors", "vocab", "stats", "meshes", "topologies", "logs", "paper_presets"}
+# What each layer may import from sptlib; "tools" (stages, compare, aot, bench, the CLIs and
 # configs) may import everything.
 ALLOWED = {
     "foundation": {"foundation"},
@@ -136,7 +135,7 @@ def test_function_level_sptlib_imports_say_why():
 
 @pytest.mark.parametrize("module,layer", [("sptlib.kernels.s4", "kernels"),
                                           ("sptlib.meshes", "foundation"),
-                                          ("sptlib.pipeline", "tools")])
+                                          ("sptlib.stages", "tools")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
 

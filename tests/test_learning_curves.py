@@ -23,7 +23,8 @@ def _run(tmp_path, model, regime, seed, frac, test_acc, *, pretrain=None, curve=
         stages = {"pretrain": {"steps": pretrain[-1][0]}, "finetune": {"steps": 300}}
         os.makedirs(wd / "pretrain")
         (wd / "pretrain" / "results.json").write_text(json.dumps(
-            {"history": [{"step": s, "loss": v, "accuracy": 0.1} for s, v in pretrain]}))
+            {"stage": "pretrain", "status": "finished", "final_step": pretrain[-1][0],
+             "history": [{"step": s, "loss": v, "accuracy": 0.1} for s, v in pretrain]}))
     return {"model": model, "regime": regime, "seed": seed, "data_fraction": frac,
             "status": "finished", "test_accuracy": test_acc, "val_accuracy": test_acc,
             "workdir": str(wd), "stages": stages, "curve": curve,

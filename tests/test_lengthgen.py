@@ -9,9 +9,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from sptlib import experiments_lib, lengthgen, pipeline
+from sptlib import experiments_lib, lengthgen, stages
 from sptlib.data import listops
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import transfer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +36,7 @@ def finished_run(request, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp(request.param)
     config = _config(tmp_path, request.param)
     workdir = tmp_path / "run"
-    pipeline.run(config, str(workdir))
+    stages.run(config, str(workdir))
     return config, workdir
 
 
@@ -63,7 +64,7 @@ def _constant_classifier(workdir, copy_to, cls):
     kernel is zero and its bias one-hot (the rest of the state is the run's own)."""
     shutil.copytree(workdir, copy_to)
     ck_dir = copy_to / "scratch" / "checkpoints"
-    step = ckpt_lib.resolve_init_checkpoint("scratch", copy_to, "best")
+    step = transfer.resolve_init_checkpoint("scratch", copy_to, "best")
     meta = ckpt_lib.saved_tree(step)
     item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
     with ocp.PyTreeCheckpointer() as c:

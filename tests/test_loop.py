@@ -17,10 +17,11 @@ from etils import epath
 from sptlib import data as data_lib
 from sptlib import models
 from sptlib import objectives
-from sptlib import pipeline
+from sptlib import stages
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import loop
 from sptlib.train import optim
+from sptlib.train import results as results_lib
 from sptlib.train import sharding
 from sptlib.train import steps
 
@@ -53,7 +54,7 @@ def _tiny_config(lra_dir):
 
 def _read_params(step_dir):
     """The `params` saved in a checkpoint step, read as NumPy by a reader of its own."""
-    meta = ckpt_lib._saved_tree(epath.Path(step_dir))["params"]
+    meta = ckpt_lib.saved_tree(epath.Path(step_dir))["params"]
     item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
     with ocp.PyTreeCheckpointer() as c:
         out = c.restore(epath.Path(step_dir) / "state", args=ocp.args.PyTreeRestore(
@@ -83,12 +84,12 @@ def test_finetune_starts_from_best_pretrain_checkpoint(tmp_path):
     pre.profile.start_step, pre.profile.num_steps = 1, 1
     fin.num_steps, fin.eval_every, fin.checkpoint_every = 1, 1, 1
     fin.optim.lr, fin.optim.ssm_lr = 0.0, 0.0  # final finetune params == its initial params
-    out = pipeline.run(c, tmp_path / "wd")
+    out = stages.run(c, tmp_path / "wd")
     res_pre, res_fin = out["stages"]["pretrain"], out["stages"]["finetune"]
-    assert res_pre["best_step"] == 3 and res_pre["final_step"] == 6
+    assert res_pre.best_step == 3 and res_pre.final_step == 6
     best_dir = tmp_path / "wd" / "pretrain" / "checkpoints" / "3"
-    assert res_fin["init"]["kind"] == "init_from"
-    assert epath.Path(res_fin["init"]["checkpoint"]) == epath.Path(best_dir)
+    assert res_fin.init["kind"] == "init_from"
+    assert epath.Path(res_fin.init["checkpoint"]) == epath.Path(best_dir)
     # Retention: latest (6) and best (3) both kept with keep=1.
     assert sorted(int(p.name) for p in (tmp_path / "wd" / "pretrain" / "checkpoints").iterdir()
                   if p.name.isdigit()) == [3, 6]
@@ -123,11 +124,11 @@ def test_finetune_starts_from_best_pretrain_checkpoint(tmp_path):
     assert all(fin_params[k].shape[-1] == task.info["num_classes"] for k in heads
                if fin_params[k].ndim)
     # Results carry the FLOPs of one train step (sptlib.train.flops; checked in test_aot.py).
-    assert res_pre["flops_per_step"] > 0
+    assert res_pre.flops_per_step > 0
     # Results carry the best and last metrics on validation and test.
     for split in ("validation", "test"):
-        assert set(res_pre[split]) == {"best", "last"}
-        assert res_pre[split]["best"] != res_pre[split]["last"]
+        assert set(getattr(res_pre, split)) == {"best", "last"}
+        assert getattr(res_pre, split)["best"] != getattr(res_pre, split)["last"]
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
@@ -137,13 +138,13 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     s.optim.lr = 1e30  # the first update blows the parameters up; the next loss is inf/NaN
     c.stage_order = ("pretrain",)
     with pytest.raises(loop.NonFiniteLossError, match="non-finite training loss") as e:
-        pipeline.run(c, tmp_path / "wd")
+        stages.run(c, tmp_path / "wd")
     ck_dir = tmp_path / "wd" / "pretrain" / "checkpoints"
     kept = sorted(int(p.name) for p in ck_dir.iterdir() if p.name.isdigit())
     assert kept and max(kept) < 6
     assert f"last good checkpoint is step {max(kept)}" in str(e.value)
-    res = loop.read_results(tmp_path / "wd" / "pretrain")
-    assert res["status"] == "diverged" and res["last_good_step"] == max(kept)
+    res = results_lib.read_stage(tmp_path / "wd" / "pretrain")
+    assert res.status == "diverged" and res.last_good_step == max(kept)
     # Every kept checkpoint holds finite parameters.
     for step in kept:
         assert all(np.isfinite(v).all() for v in jax.tree.leaves(_read_params(ck_dir / str(step))))
@@ -158,7 +159,7 @@ def test_relative_workdir_runs_pretrain_then_finetune(tmp_path, monkeypatch):
         s = config.stages[name]
         s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 4, 2, 2, 2
     config.stage_order = ("pretrain", "finetune")
-    results = pipeline.run(config, "runs/rel")
+    results = stages.run(config, "runs/rel")
     for stage in ("pretrain", "finetune"):
         assert (tmp_path / "runs" / "rel" / stage / "checkpoints" / "4").is_dir()
-    assert results["stages"]["finetune"]["init"]["kind"] == "init_from"
+    assert results["stages"]["finetune"].init["kind"] == "init_from"

@@ -115,9 +115,9 @@ def test_mlpinit_stage2_loads_exactly_the_non_mixer_tensors(tmp_path):
     """Real pipeline, real orbax checkpoints: stage 2 loads every tensor but the mixers (listed
     in its results), keeps the mixers at their fresh init, and stage 1's train step is counted
     with fewer FLOPs. A mis-shaped or missing non-mixer tensor stops the load, named."""
-    from sptlib import pipeline
-    from sptlib.train import checkpoint as ckpt_lib
+    from sptlib import stages
     from sptlib.train import setup
+    from sptlib.train import transfer
 
     c = lib.tiny(LRA.get_config("listops-cpu,transformer,mlpinit"), steps=2, max_length=32)
     with c.unlocked():
@@ -128,7 +128,7 @@ def test_mlpinit_stage2_loads_exactly_the_non_mixer_tensors(tmp_path):
         for s in c.stages.values():
             s.async_checkpoints = False
     wd = tmp_path / "run"
-    pipeline.run(c, str(wd))
+    stages.run(c, str(wd))
     res = json.loads((wd / "finetune" / "results.json").read_text())
     init = res["init"]
     built = setup.build_stage(c, "finetune", info=data_lib.task_info(c.data),
@@ -142,17 +142,17 @@ def test_mlpinit_stage2_loads_exactly_the_non_mixer_tensors(tmp_path):
     stage1 = json.loads((wd / "mlpinit" / "results.json").read_text())
     assert 0 < stage1["flops_per_step"] < res["flops_per_step"]
     # A non-mixer tensor of the wrong shape, or missing from the checkpoint: a loud error.
-    step_dir = ckpt_lib.resolve_init_checkpoint("mlpinit", str(wd))
+    step_dir = transfer.resolve_init_checkpoint("mlpinit", str(wd))
     params = {p: np.zeros(x.shape, x.dtype) for p, x in
               flax.traverse_util.flatten_dict(built.state.params, sep="/").items()}
     bad = dict(params)
     bad["encoder/embed/embedding"] = np.zeros((3, 3), np.float32)
-    with pytest.raises(ckpt_lib.IncompatibleCheckpointError, match="encoder/embed/embedding"):
-        ckpt_lib.load_pretrained(step_dir, flax.traverse_util.unflatten_dict(bad, sep="/"),
+    with pytest.raises(transfer.IncompatibleCheckpointError, match="encoder/embed/embedding"):
+        transfer.load_pretrained(step_dir, flax.traverse_util.unflatten_dict(bad, sep="/"),
                                  dont_load=(variants.MIXER_PATTERN,))
     extra = dict(params, **{"backbone/extra_norm/scale": np.ones((4,), np.float32)})
-    with pytest.raises(ckpt_lib.IncompatibleCheckpointError, match="extra_norm"):
-        ckpt_lib.load_pretrained(step_dir, flax.traverse_util.unflatten_dict(extra, sep="/"),
+    with pytest.raises(transfer.IncompatibleCheckpointError, match="extra_norm"):
+        transfer.load_pretrained(step_dir, flax.traverse_util.unflatten_dict(extra, sep="/"),
                                  dont_load=(variants.MIXER_PATTERN,))
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint file helpers below the checkpoint manager: JSON, tree metadata, iterator states.
+"""Checkpoint file helpers below the checkpoint manager: tree metadata, iterator states, paths.
 
 `sptlib.train.checkpoint` re-exports every public name here; import from there.
 """
@@ -15,7 +15,6 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sptlib.errors import ResultsError
 
 
 def encode_iterator_state(state: Any) -> dict:
@@ -99,18 +98,6 @@ def _flat(tree) -> dict:
     if not tree:
         return {}
     return flax.traverse_util.flatten_dict(flax.serialization.to_state_dict(tree), sep="/")
-
-
-def read_json(path) -> Any:
-    """The JSON in `path`; a truncated or malformed file is a `ResultsError` naming it."""
-    path = epath.Path(path)
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ResultsError(
-            f"{path} is unreadable ({e}; truncated by a kill?). Nothing else is lost: move it "
-            f"aside (e.g. to {path.name}.bad) and rerun the same command, which rebuilds it from "
-            f"the checkpoints") from e
 
 
 def leaf_specs(tree) -> dict:

@@ -8,7 +8,7 @@ silently trains the default. `docs/training.md` documents every field.
 
 Layout:
     seed, data, model, mesh, logical_axis_rules, stage_order, stages.<name>.{objective, optim, ...}
-Each stage runs in `workdir/<name>/` (see `sptlib.pipeline.run`).
+Each stage runs in `workdir/<name>/` (see `sptlib.stages.run`).
 """
 
 import ml_collections

@@ -14,12 +14,11 @@ Restore priority (`restore`): own latest checkpoint (full resume, data iterator 
 `init_from` (parameters only, `dont_load` patterns kept fresh) > random init.
 """
 
-import json
+import dataclasses
 import math
 import signal
 import threading
 import time
-from typing import Optional
 
 from absl import logging
 from etils import epath
@@ -29,37 +28,21 @@ from sptlib import data as data_lib
 from sptlib.errors import NonFiniteLossError, PreemptedError  # noqa: F401 (re-exported)
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import metrics as metrics_lib
+from sptlib.train import results as results_lib
 from sptlib.train import setup
 from sptlib.train import sharding
 from sptlib.train import steps
+from sptlib.train import transfer
+from sptlib.train.results import RESULTS_FILE, StageResults
+from sptlib.train.sharding import is_main_process
 
-RESULTS_FILE = "results.json"
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 
 
-
 def _write_json(path: epath.Path, obj):
-    if steps.is_main_process():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / (path.name + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default))
-        tmp.replace(path)  # atomic where the file system allows; overwrites
-
-
-def _json_default(x):
-    if hasattr(x, "item"):
-        return x.item()
-    if isinstance(x, (tuple, set)):
-        return list(x)
-    return str(x)
-
-
-def read_results(stage_dir) -> Optional[dict]:
-    path = epath.Path(stage_dir) / RESULTS_FILE
-    if not path.exists():
-        return None
-    return ckpt_lib.read_json(path)  # a truncated file is a ResultsError naming it
+    if is_main_process():
+        results_lib.write_json(path, obj)
 
 
 class _StopFlag:
@@ -87,16 +70,9 @@ class _StopFlag:
             self._previous = None
 
 
-def train_stage(config, stage_name: str, workdir) -> dict:
-    """Runs one stage; returns its results (also written to `workdir/<stage>/results.json`).
-
-    Results: `stage`, `status` (finished), `final_step`, `best_step`, `best_metric`,
-    `validation` / `test` (each `{"best": metrics, "last": metrics}`), `wall_time_s` (this
-    invocation), `wall_time_total_s` (every invocation of the stage, resumed ones included),
-    `train_steps_per_s`, `params_fingerprint` (SHA-256 of the last parameters), `num_params`,
-    `init` (how the state was obtained: resume | init_from | random), `history` (validation
-    metrics at every evaluation, `[{"step": s, metric: value}]`), `flops_per_step` (one train
-    step on the global batch, `setup.train_step_flops`).
+def train_stage(config, stage_name: str, workdir) -> StageResults:
+    """Runs one stage; returns its results (also written to `workdir/<stage>/results.json`;
+    the fields are `sptlib.train.results.StageResults`'s).
 
     Raises:
       NonFiniteLossError: NaN/inf training loss (the last good checkpoint is kept).
@@ -107,9 +83,8 @@ def train_stage(config, stage_name: str, workdir) -> dict:
     stage = config.stages[stage_name]
     workdir = ckpt_lib.absolute(workdir)  # orbax needs absolute local paths
     stage_dir = workdir / stage_name
-    previous = read_results(stage_dir)
-    if previous and previous.get("status") == "finished" and \
-            previous.get("final_step") == int(stage.num_steps):
+    previous = results_lib.read_stage(stage_dir)
+    if previous and previous.finished and previous.final_step == int(stage.num_steps):
         logging.info("[%s] already finished (%s); not training again.", stage_name,
                      stage_dir / RESULTS_FILE)
         return previous
@@ -126,7 +101,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
                               info=task.info)
     ckpt = ckpt_lib.StageCheckpointer(stage_dir / ckpt_lib.CHECKPOINTS_DIR, keep=stage.keep,
                                       async_saves=stage.async_checkpoints)
-    writer = metrics_lib.create_writer(stage_dir, is_main=steps.is_main_process())
+    writer = metrics_lib.create_writer(stage_dir, is_main=is_main_process())
     stop = _StopFlag().install()
     run = None
     try:
@@ -134,10 +109,10 @@ def train_stage(config, stage_name: str, workdir) -> dict:
         run = _Run(built, stage_dir, ckpt, writer, train_iter,
                    _evaluator(task, built, local_eval_bs), t_start)
         state = run.train(state, stop)
-        results = final_evaluation(run, state)
-        results.update(init=init_info, num_params=built.num_params,
-                       flops_per_step=setup.train_step_flops(built, strict=False))
-        _write_json(stage_dir / RESULTS_FILE, results)
+        results = dataclasses.replace(
+            final_evaluation(run, state), init=init_info, num_params=built.num_params,
+            flops_per_step=setup.train_step_flops(built, strict=False))
+        _write_json(stage_dir / RESULTS_FILE, results.to_json())
         return results
     finally:
         if run is not None:
@@ -150,7 +125,7 @@ def train_stage(config, stage_name: str, workdir) -> dict:
 
 
 def _write_config(config, stage_name, stage_dir):
-    if not steps.is_main_process():
+    if not is_main_process():
         return
     stage_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = stage_dir / CONFIG_FILE
@@ -182,14 +157,14 @@ def restore(built: setup.Stage, ckpt, train_iter, workdir):
         # Unreadable checkpoints moved aside, if any (a start over the user asked for).
         return state, {"kind": "random", "seed": built.seed, "quarantined": ckpt.quarantined}
     if stage.init_from in built.config.stages:
-        source = read_results(workdir / stage.init_from)
-        if not source or source.get("status") != "finished":
+        source = results_lib.read_stage(workdir / stage.init_from)
+        if not source or not source.finished:
             logging.warning("[%s] init_from stage %r has not finished (%s); using its %s "
                             "checkpoint so far.", name, stage.init_from,
-                            (source or {}).get("status", "no results.json"),
+                            source.status if source else "no results.json",
                             stage.init_checkpoint)
-    step_dir = ckpt_lib.resolve_init_checkpoint(stage.init_from, workdir, stage.init_checkpoint)
-    params, model_state, report = ckpt_lib.load_pretrained(
+    step_dir = transfer.resolve_init_checkpoint(stage.init_from, workdir, stage.init_checkpoint)
+    params, model_state, report = transfer.load_pretrained(
         step_dir, state.params, state.model_state, dont_load=tuple(stage.dont_load))
     logging.info("[%s] initialised from %s (%d tensors loaded; fresh: %s; skipped: %s).",
                  name, step_dir, len(report["loaded"]), report["not_loaded"],
@@ -238,7 +213,7 @@ class _Run:
         self.built, self.stage, self.name = built, built.cfg, built.name
         self.stage_dir, self.ckpt, self.writer = stage_dir, ckpt, writer
         self.train_iter, self.evaluate, self.t_start = train_iter, evaluate, t_start
-        self.is_main = steps.is_main_process()
+        self.is_main = is_main_process()
         self.profiling = False
         self.last_val = None
         self.step = self.start_step = self.last_checked = 0
@@ -251,12 +226,11 @@ class _Run:
 
     def _resume_records(self):
         if self.start_step > 0 and self.spent_path.exists():
-            self.spent_before = float(json.loads(self.spent_path.read_text()).get("spent_s",
-                                                                                  0.0))
+            self.spent_before = float(results_lib.read_json(self.spent_path).get("spent_s", 0.0))
         # Validation curve, kept across resumes (entries after the resumed step are dropped:
         # they will be recomputed identically).
         if self.history_path.exists():
-            self.history = [h for h in json.loads(self.history_path.read_text())
+            self.history = [h for h in results_lib.read_json(self.history_path)
                             if h["step"] <= self.step]
 
     def wall_total(self):
@@ -344,9 +318,9 @@ class _Run:
         msg = (f"[{self.name}] non-finite training loss between steps {self.last_checked + 1} "
                f"and {self.step} ({metrics_lib.format_metrics(values)}). Stopping the stage; "
                f"{kept}. Lower the learning rate, raise warmup or set optim.grad_clip.")
-        _write_json(self.stage_dir / RESULTS_FILE, {"stage": self.name, "status": "diverged",
-                                                    "final_step": self.step,
-                                                    "last_good_step": good, "message": msg})
+        _write_json(self.stage_dir / RESULTS_FILE, StageResults(
+            stage=self.name, status="diverged", final_step=self.step, last_good_step=good,
+            message=msg).to_json())
         raise NonFiniteLossError(msg)
 
     def _log(self, values):
@@ -369,9 +343,9 @@ class _Run:
         return val
 
 
-def final_evaluation(run: _Run, state) -> dict:
-    """Validation and test metrics of the last and the best checkpoint; the results record
-    (without `init` / `num_params`)."""
+def final_evaluation(run: _Run, state) -> StageResults:
+    """Validation and test metrics of the last and the best checkpoint; the stage's results
+    (without `init`, `num_params`, `flops_per_step`)."""
     stage, name, step, evaluate = run.stage, run.name, run.step, run.evaluate
     train_rate = run.progress.rate()
     run.ckpt.wait_until_finished()
@@ -395,22 +369,18 @@ def final_evaluation(run: _Run, state) -> dict:
             run.writer.write_scalars(step, metrics_lib.scalars_for_writer(
                 f"{split}_{which}", vals))
     run.writer.flush()
-    best_metric = stage.best_metric
-    results = {
-        "stage": name, "status": "finished", "final_step": step, "best_step": int(best_step),
-        "best_metric": best_metric, "best_mode": stage.best_mode,
-        "validation": {"best": best_metrics["validation"], "last": last_metrics["validation"]},
-        "test": {"best": best_metrics["test"], "last": last_metrics["test"]},
-        "params_fingerprint": fingerprint, "history": run.history,
-        "resumed_at_step": run.start_step,
-        "train_steps_per_s": train_rate if math.isfinite(train_rate) else None,
-        "wall_time_s": time.time() - run.t_start, "wall_time_total_s": run.wall_total(),
-    }
-    logging.info("[%s] finished at step %d in %s: best step %d (%s %s=%.4g), test %s "
+    results = StageResults(
+        stage=name, status="finished", final_step=step, best_step=int(best_step),
+        best_metric=stage.best_metric, best_mode=stage.best_mode,
+        validation={"best": best_metrics["validation"], "last": last_metrics["validation"]},
+        test={"best": best_metrics["test"], "last": last_metrics["test"]},
+        params_fingerprint=fingerprint, history=run.history, resumed_at_step=run.start_step,
+        train_steps_per_s=train_rate if math.isfinite(train_rate) else None,
+        wall_time_s=time.time() - run.t_start, wall_time_total_s=run.wall_total())
+    m = stage.best_metric
+    logging.info("[%s] finished at step %d in %s: best step %d (validation %s=%.4g), test %s "
                  "best=%.4g last=%.4g.", name, step,
-                 metrics_lib.format_duration(results["wall_time_s"]), best_step,
-                 "validation", best_metric, best_metrics["validation"].get(best_metric,
-                                                                         math.nan),
-                 best_metric, best_metrics["test"].get(best_metric, math.nan),
-                 last_metrics["test"].get(best_metric, math.nan))
+                 metrics_lib.format_duration(results.wall_time_s), best_step, m,
+                 best_metrics["validation"].get(m, math.nan), m,
+                 best_metrics["test"].get(m, math.nan), last_metrics["test"].get(m, math.nan))
     return results

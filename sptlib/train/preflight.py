@@ -1,6 +1,6 @@
 """Checks made before the first training step, so bad input fails in seconds, not after training.
 
-`check(config, workdir)` is called once by `sptlib.pipeline.run`, after `config.validate` and
+`check(config, workdir)` is called once by `sptlib.stages.run`, after `config.validate` and
 before any stage runs. Each failure is a `sptlib.errors.SptlibError` naming the config key, file
 or flag and what to do:
 

@@ -19,11 +19,6 @@ from sptlib.train import sharding as sharding_lib
 from sptlib.train.state import TrainState
 
 
-# Moved to `sharding` (multi-host helpers); this alias goes once train/loop.py and pipeline.py
-# call `sharding.is_main_process`.
-is_main_process = sharding_lib.is_main_process
-
-
 def _path_names(path):
     """Key path -> tuple of strings (dict keys / attribute names / indices)."""
     out = []

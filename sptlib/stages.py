@@ -1,0 +1,81 @@
+"""Runs an experiment config's stages in order, each in `workdir/<stage>/`.
+
+`run(config, workdir)` is what `python -m sptlib.main` calls: e.g. `pretrain` (masked SPT) then
+`finetune` (`init_from="pretrain"`: the best pretrain checkpoint's backbone, a fresh head), or a
+single `scratch` stage. A finished stage (its `results.json` says so) is not run again; an
+unfinished one resumes from its latest checkpoint. `workdir/results.json` summarises the stages
+(`sptlib.train.results.RunResults`).
+"""
+
+import json
+import time
+
+from absl import logging
+from etils import epath
+
+from sptlib.errors import ResultsError
+from sptlib.train import config as config_lib
+from sptlib.train import loop
+from sptlib.train import preflight
+from sptlib.train import results as results_lib
+from sptlib.train.sharding import is_main_process, maybe_initialize_distributed
+
+
+def _write_summary(workdir, config, summary, wall_time_s, data_info) -> results_lib.RunResults:
+    """Writes `workdir/results.json` atomically, keeping the stages an earlier invocation
+    summarised and this one did not reach (a failed rerun never clobbers a finished summary);
+    an unreadable earlier summary is moved aside to `results.json.bad`, never overwritten."""
+    path = workdir / results_lib.RESULTS_FILE
+    stages = {}
+    try:
+        old = results_lib.read_run(workdir)
+    except ResultsError:
+        logging.warning("%s is unreadable; kept as %s.bad, rebuilt.", path, path.name)
+        if is_main_process():
+            path.replace(workdir / "results.json.bad")
+        old = None
+    if old is not None:
+        if not summary:  # this invocation has nothing to add (it failed early)
+            return old
+        stages = dict(old.stages or {})
+    stages = {k: v for k, v in stages.items() if k in config.stage_order}
+    stages.update(summary)
+    out = results_lib.RunResults(
+        stage_order=list(config.stage_order), stages=stages,
+        complete=all((stages.get(n) or {}).get("status") == "finished"
+                     for n in config.stage_order),
+        wall_time_s=wall_time_s, data=data_info)
+    if is_main_process():
+        results_lib.write_json(path, out.to_json())
+    return out
+
+
+def run(config, workdir) -> dict:
+    """Runs `config.stage_order`; returns `{"stages": {name: StageResults}, "summary":
+    RunResults}`.
+
+    The summary is also written to `workdir/results.json` (process 0). Raises what a stage raises
+    (`NonFiniteLossError`, `PreemptedError`, ...), after the stages before it were summarised.
+    """
+    config_lib.validate(config)
+    maybe_initialize_distributed(config)
+    data_info = preflight.check(config, workdir)  # data, metrics, batches: before any step
+    if not is_main_process():
+        # Logs (like files) come from process 0; the others report warnings and errors only.
+        logging.set_verbosity(logging.WARNING)
+    workdir = epath.Path(workdir)
+    if is_main_process():
+        workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    all_results = {}
+    summary = {}
+    try:
+        for name in config.stage_order:
+            kind = config.stages[name].objective.kind
+            logging.info("=== stage %s (%s) -> %s", name, kind, workdir / name)
+            all_results[name] = loop.train_stage(config, name, workdir)
+            summary[name] = all_results[name].summary(kind)
+    finally:
+        out = _write_summary(workdir, config, summary, time.time() - t0, data_info)
+    logging.info("All stages done: %s", json.dumps(summary, default=str))
+    return {"stages": all_results, "summary": out}

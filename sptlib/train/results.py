@@ -1,0 +1,172 @@
+"""What a run writes to `results.json`: typed records, one atomic JSON writer, one reader.
+
+Two files have the name:
+
+    workdir/<stage>/results.json   `StageResults`: written by the trainer (`sptlib.train.loop`)
+                                   when the stage finishes or diverges;
+    workdir/results.json           `RunResults`: the stage runner's summary (`sptlib.stages`).
+
+The JSON keys are the dataclass fields, so runs finished before these classes existed read the
+same. No JAX here: `sptlib.compare` reads results without loading the trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+from etils import epath
+
+from sptlib.errors import ResultsError
+
+RESULTS_FILE = "results.json"
+# What the runner's summary keeps of each stage, beside `objective` and the best metric's
+# `validation_<m>_best`, `test_<m>_best` and `test_<m>_last`.
+SUMMARY_KEYS = ("status", "final_step", "best_step", "best_metric", "params_fingerprint",
+                "wall_time_s", "init")
+_DIVERGED_KEYS = ("stage", "status", "final_step", "last_good_step", "message")
+
+
+def write_json(path, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> None:
+    """Writes `obj` to `path` so that no reader sees half a file: a temporary file beside it,
+    then `os.replace` (on object stores, `gs://...`, a single write). NumPy/JAX scalars are
+    written as numbers, sets as lists, anything else unknown as its `str`."""
+    path = epath.Path(path)
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, default=_json_default)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if "://" in str(path):
+        path.write_text(text)
+        return
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _json_default(x):
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, (tuple, set)):
+        return list(x)
+    return str(x)
+
+
+def read_json(path) -> Any:
+    """The JSON in `path`; a truncated or malformed file is a `ResultsError` naming it."""
+    path = epath.Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsError(
+            f"{path} is unreadable ({e}; truncated by a kill?). Nothing else is lost: move it "
+            f"aside (e.g. to {path.name}.bad) and rerun the same command, which rebuilds it from "
+            f"the checkpoints") from e
+
+
+def _from_json(cls, data, where, **extra):
+    """`cls` from a JSON object; keys that are no field (the summary's extras) are ignored."""
+    if not isinstance(data, dict):
+        raise ResultsError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{**{k: v for k, v in data.items() if k in names}, **extra})
+    except TypeError as e:  # a required field is missing
+        raise ResultsError(f"{where}: not a {cls.__name__} ({e})") from e
+
+
+@dataclasses.dataclass
+class StageResults:
+    """One stage's `results.json`. A finished stage (`status="finished"`) writes every field but
+    `last_good_step` and `message`; a diverged one (`status="diverged"`) only `stage`, `status`,
+    `final_step`, `last_good_step` and `message`. `status="absent"`: no results at all."""
+
+    stage: str
+    status: str
+    final_step: Optional[int] = None
+    best_step: Optional[int] = None
+    best_metric: Optional[str] = None  # the validation metric that picks the best checkpoint
+    best_mode: Optional[str] = None  # max | min
+    validation: dict = dataclasses.field(default_factory=dict)  # {"best": metrics, "last": ...}
+    test: dict = dataclasses.field(default_factory=dict)  # the same, on the test split
+    history: list = dataclasses.field(default_factory=list)  # [{"step": s, metric: value}]
+    params_fingerprint: Optional[str] = None  # SHA-256 of the last parameters
+    num_params: Optional[int] = None
+    flops_per_step: Optional[float] = None  # one train step on the global batch
+    init: dict = dataclasses.field(default_factory=dict)  # kind: resume | init_from | random
+    resumed_at_step: int = 0
+    train_steps_per_s: Optional[float] = None
+    wall_time_s: Optional[float] = None  # this invocation
+    wall_time_total_s: Optional[float] = None  # every invocation, resumed ones included
+    last_good_step: Optional[int] = None  # diverged: the last checkpoint kept
+    message: str = ""  # diverged: what happened and what to change
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    def metric(self, split: str, which: str, name: str) -> Optional[float]:
+        """`split` (validation | test) metric `name` of the `which` (best | last) checkpoint."""
+        return ((getattr(self, split) or {}).get(which) or {}).get(name)
+
+    def wall_time(self) -> Optional[float]:
+        """Every invocation's wall time (the summary entries hold this invocation's only)."""
+        return self.wall_time_s if self.wall_time_total_s is None else self.wall_time_total_s
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        if self.status == "diverged":
+            return {k: out[k] for k in _DIVERGED_KEYS}
+        return {k: v for k, v in out.items() if k not in ("last_good_step", "message")}
+
+    @classmethod
+    def from_json(cls, data, where: str = "results", **extra) -> "StageResults":
+        return _from_json(cls, data, where, **extra)
+
+    def summary(self, objective: str) -> dict:
+        """This stage's entry in the runner's `RunResults.stages`."""
+        m = self.best_metric
+        out = {k: getattr(self, k) for k in SUMMARY_KEYS}
+        out.update({"objective": objective,
+                    f"validation_{m}_best": self.metric("validation", "best", m),
+                    f"test_{m}_best": self.metric("test", "best", m),
+                    f"test_{m}_last": self.metric("test", "last", m)})
+        return out
+
+
+@dataclasses.dataclass
+class RunResults:
+    """The run's `results.json`: the runner's summary of every stage it reached."""
+
+    stage_order: list
+    stages: dict  # {name: StageResults.summary(objective)}
+    complete: bool = False  # every stage of `stage_order` finished
+    wall_time_s: Optional[float] = None  # the runner's last invocation
+    # Examples per split, and the counted skips (truncated at max_length, empty images).
+    data: Optional[dict] = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data, where: str = "results") -> "RunResults":
+        return _from_json(cls, data, where)
+
+    def stage(self, name: str) -> Optional[StageResults]:
+        """The summary's entry of stage `name` (fewer fields than the stage's own file)."""
+        entry = self.stages.get(name)
+        if not isinstance(entry, dict):
+            return None
+        return StageResults.from_json(entry, f"results.json stages.{name}", stage=name)
+
+
+def read_stage(stage_dir) -> Optional[StageResults]:
+    """`stage_dir/results.json`, or None when there is none; `ResultsError` when unreadable."""
+    path = epath.Path(stage_dir) / RESULTS_FILE
+    return StageResults.from_json(read_json(path), str(path)) if path.exists() else None
+
+
+def read_run(workdir) -> Optional[RunResults]:
+    """`workdir/results.json`, or None when there is none; `ResultsError` when unreadable."""
+    path = epath.Path(workdir) / RESULTS_FILE
+    return RunResults.from_json(read_json(path), str(path)) if path.exists() else None

@@ -1,0 +1,195 @@
+"""Parameter transfer between stages (`init_from`): which checkpoint, and loading it by name.
+
+`resolve_init_checkpoint` finds the step folder a stage's `init_from` designates (the best-scoring
+checkpoint by default); `load_pretrained` loads its parameters into a freshly initialised model,
+every tensor checked by name and shape and, after placement, bitwise against the file.
+"""
+
+import json
+import math
+import re
+from typing import Iterable, Optional, Sequence
+
+from absl import logging
+from etils import epath
+import flax
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from sptlib.errors import IncompatibleCheckpointError, NoCheckpointError
+from sptlib.train.checkpoint import CHECKPOINTS_DIR
+from sptlib.train.checkpoint_io import _flat, absolute, saved_tree, to_host
+
+
+def _is_step_dir(path: epath.Path) -> bool:
+    return path.name.isdigit() and (path / "state").exists()
+
+
+def resolve_init_checkpoint(init_from: str, workdir, which: str = "best") -> epath.Path:
+    """The step folder that `init_from` designates.
+
+    Args:
+      init_from: a stage name (-> `workdir/<name>/checkpoints`), a stage folder (holding
+        `checkpoints/`), a checkpoints folder (holding `<step>/` folders) or one step's folder.
+      workdir: the run's workdir (for stage names).
+      which: best (highest `score`; the latest if no checkpoint has metrics) | latest.
+    """
+    candidates = []
+    if "/" not in init_from and workdir is not None:
+        candidates.append(absolute(workdir) / init_from / CHECKPOINTS_DIR)
+    path = absolute(init_from)
+    candidates += [path / CHECKPOINTS_DIR, path]
+    for cand in candidates:
+        if not cand.exists():
+            continue
+        if _is_step_dir(cand):
+            return cand
+        steps = sorted(int(p.name) for p in cand.iterdir() if _is_step_dir(p))
+        if not steps:
+            continue
+        if which == "latest":
+            return cand / str(steps[-1])
+        best, best_score = steps[-1], -math.inf
+        for s in steps:
+            mpath = cand / str(s) / "metrics" / "metrics"
+            try:
+                score = float(json.loads(mpath.read_text()).get("score", -math.inf))
+            except Exception:  # pylint: disable=broad-except
+                continue
+            if score > best_score:
+                best, best_score = s, score
+        return cand / str(best)
+    raise NoCheckpointError(
+        f"init_from={init_from!r}: no checkpoint found (looked in "
+        f"{', '.join(str(c) for c in candidates)}). Run that stage first or fix the path.")
+
+
+def _matches(path: str, patterns: Iterable[str]) -> Optional[str]:
+    for pat in patterns:
+        if re.search(pat, path):
+            return pat
+    return None
+
+
+def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[str] = (),
+                    verify: bool = True):
+    """Loads parameters (and model state) from a checkpoint into a freshly initialised model.
+
+    Every parameter of the model whose path (e.g. `backbone/layers_0/mixer/kernel`, relative to its
+    collection) matches none of `dont_load` must exist in the checkpoint with the same shape; every
+    checkpoint parameter that matches none must exist in the model. Matching ones keep their fresh
+    values (model side) or are skipped (checkpoint side); each is logged.
+
+    Args:
+      step_dir: one checkpoint step folder (see `resolve_init_checkpoint`).
+      params: the freshly initialised `params` (arrays with the target shardings).
+      model_state: the fresh non-trainable collections (`{"batch_stats": ...}`) or {}/None.
+      dont_load: regexes (re.search) of paths not to load.
+      verify: read the loaded tensors back from the files and check them bitwise equal to the
+        arrays placed in the model.
+
+    Returns:
+      (params, model_state, report) with report = {"checkpoint", "loaded", "not_loaded",
+      "skipped_from_checkpoint"} (lists of paths; `not_loaded` keep their fresh init).
+
+    Raises:
+      IncompatibleCheckpointError: naming the first (sorted) mismatched parameter.
+    """
+    step_dir = absolute(step_dir)
+    saved = saved_tree(step_dir)
+    model_state = model_state or {}
+    targets = {"params": params, "model_state": model_state}
+    report = {"checkpoint": str(step_dir), "loaded": [], "not_loaded": [],
+              "skipped_from_checkpoint": []}
+    load_items = {}
+    mismatches = []
+    for coll, target in targets.items():
+        tflat = _flat(target)
+        sflat = _flat(saved.get(coll, {}) or {})
+        # Model state is best-effort: a collection absent from the checkpoint stays fresh.
+        strict = coll == "params"
+        for path in sorted(set(tflat) | set(sflat)):
+            shown = f"{coll}/{path}" if coll != "params" else path
+            if _matches(path, dont_load):
+                if path in tflat:
+                    report["not_loaded"].append(shown)
+                if path in sflat:
+                    report["skipped_from_checkpoint"].append(shown)
+                continue
+            if path not in sflat:
+                if strict:
+                    mismatches.append((shown, f"parameter {shown!r} (shape "
+                                              f"{tuple(tflat[path].shape)}) is in the model but "
+                                              f"not in the checkpoint"))
+                else:
+                    report["not_loaded"].append(shown)
+                continue
+            if path not in tflat:
+                mismatches.append((shown, f"parameter {shown!r} (shape "
+                                          f"{tuple(sflat[path].shape)}) is in the checkpoint but "
+                                          f"not in the model"))
+                continue
+            t_shape, s_shape = tuple(tflat[path].shape), tuple(sflat[path].shape)
+            if t_shape != s_shape:
+                mismatches.append((shown, f"parameter {shown!r} has shape {s_shape} in the "
+                                          f"checkpoint but {t_shape} in the model"))
+                continue
+            load_items.setdefault(coll, {})[path] = tflat[path]
+    if mismatches:
+        mismatches.sort()
+        raise IncompatibleCheckpointError(
+            f"Checkpoint {step_dir} does not fit the model: {mismatches[0][1]} "
+            f"({len(mismatches)} mismatched parameter(s) in all; check d_model / n_layers / "
+            f"mixer against the stage that wrote it, or add a dont_load pattern).")
+
+    def unflat(flat_items, leaf_fn):
+        return flax.traverse_util.unflatten_dict(
+            {tuple(k.split("/")): leaf_fn(v) for k, v in flat_items.items()})
+
+    item = {coll: unflat(items, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=x.sharding))
+            for coll, items in load_items.items()}
+    with ocp.PyTreeCheckpointer() as ckptr:
+        restored = ckptr.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+            partial_restore=True))
+
+    out = {}
+    for coll, target in targets.items():
+        tflat = dict(_flat(target))
+        rflat = _flat(restored.get(coll, {})) if coll in restored else {}
+        for path, value in rflat.items():
+            tflat[path] = value
+            report["loaded"].append(f"{coll}/{path}" if coll != "params" else path)
+        out[coll] = (flax.traverse_util.unflatten_dict(
+            {tuple(k.split("/")): v for k, v in tflat.items()}) if tflat else type(target)())
+
+    if verify and load_items:
+        # Independent read: the same tensors as NumPy (no sharding), compared bitwise with what
+        # now sits in the model, so a wrong path, cast or resharding cannot pass silently.
+        host_item = {coll: unflat(items, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype))
+                     for coll, items in load_items.items()}
+        with ocp.PyTreeCheckpointer() as ckptr:
+            from_file = ckptr.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+                item=host_item,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(host_item),
+                partial_restore=True))
+        for coll in load_items:
+            placed = _flat(out[coll])
+            for path, ref in _flat(from_file[coll]).items():
+                got = to_host(placed[path])
+                ref = np.asarray(ref)
+                if got.dtype != ref.dtype or got.shape != ref.shape or \
+                        got.tobytes() != ref.tobytes():
+                    raise RuntimeError(f"Loaded parameter {coll}/{path} differs from the "
+                                       f"checkpoint file {step_dir} after placement")
+
+    for path in report["not_loaded"]:
+        logging.info("init_from: %s not loaded (fresh init).", path)
+    for path in report["skipped_from_checkpoint"]:
+        logging.info("init_from: %s in the checkpoint skipped (dont_load).", path)
+    logging.info("init_from %s: loaded %d tensors%s, %d kept fresh, %d skipped.", step_dir,
+                 len(report["loaded"]), " (verified bitwise)" if verify else "",
+                 len(report["not_loaded"]), len(report["skipped_from_checkpoint"]))
+    return out["params"], out["model_state"], report
