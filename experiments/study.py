@@ -21,8 +21,9 @@ PyTorch-peer fidelity check in docs/reproducing.md.
 
 Evaluation every 100 steps gives the learning curves: the equal-compute run is the scratch
 accuracy-vs-steps curve, the pretraining stage's validation loss the denoising curve. The
-comparison's report adds `learning_curves.md` (steps to the denoising plateau, accuracy at
-fixed step counts, accuracy against training-set size) and its plots.
+comparison's report appends the learning-curve sections to `comparison.md` (steps to the
+denoising plateau, accuracy at fixed step counts, accuracy against training-set size) and
+writes `denoising.png`. Measured results: docs/reproducing.md, "Learning-curve study".
 
     get_config("[model,regime][,length=64|256|1024][,steps=..][,pretrain_steps=..]"
                "[,train=8000][,init=torch|linen][,target=pixel256|l1]")
