@@ -19,15 +19,11 @@ import os
 import numpy as np
 
 from sptlib import stats
+from sptlib.records import finished as _ok, group
 from sptlib.train import results as results_lib
 
 PLATEAU = 0.9  # fraction of the total drop of the denoising loss that counts as the plateau
 STEPS_SHOWN = (100, 300, 600, 1000, 2000, 5000, 10000)
-
-
-def _ok(records):
-    return [r for r in records if r.get("status") == "finished"
-            and r.get("test_accuracy") is not None]
 
 
 def pretrain_history(record) -> list[dict]:
@@ -49,10 +45,9 @@ def plateau_step(steps, losses, fraction: float = PLATEAU) -> int | None:
     first, low = float(losses[0]), float(min(losses))
     if not first > low:
         return None
-    for s, v in zip(steps, losses):
-        if first - float(v) >= fraction * (first - low):
-            return int(s)
-    return None  # unreachable: the minimum itself qualifies
+    # The minimum itself qualifies, so there always is one.
+    need = fraction * (first - low)
+    return next(int(s) for s, v in zip(steps, losses) if first - float(v) >= need)
 
 
 def _key(r):
@@ -97,9 +92,7 @@ def steps_rows(records, regime: str = "scratch-equal-compute") -> tuple[list[int
 
 
 def size_rows(records, confidence: float = 0.95) -> tuple[list[float], list[str]]:
-    by = collections.defaultdict(list)
-    for r in _ok(records):
-        by[_key(r)].append(float(r["test_accuracy"]))
+    by = group(records)
     fractions = sorted({k[0] for k in by})
     if len(fractions) < 2:
         return fractions, []

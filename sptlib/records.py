@@ -8,6 +8,7 @@ counts as unfinished and is run (resumed) again.
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Callable, Sequence, TypeVar
 
@@ -93,3 +94,19 @@ def make_record(spec, summary: RunResults | None, *, status: str, error: str = "
     rec["pretrain_steps"] = sum(int(rec["stages"][n]["steps"] or 0) for n in order[:-1])
     rec["wall_time_s"] = total_wall if total_wall else wall_time_s
     return rec
+
+
+def finished(records) -> list[dict]:
+    """The records of runs that finished with a test accuracy."""
+    return [r for r in records if r.get("status") == "finished"
+            and r.get("test_accuracy") is not None]
+
+
+def group(records, key="test_accuracy") -> dict:
+    """{(data_fraction, model, regime): [values of `key` over seeds]} of finished runs."""
+    out = collections.defaultdict(list)
+    for r in finished(records):
+        v = r.get(key)
+        if v is not None:
+            out[(r.get("data_fraction", 1.0), r["model"], r["regime"])].append(float(v))
+    return out

@@ -19,6 +19,7 @@ from etils import epath
 import numpy as np
 
 from sptlib import learning_curves, lmreport, stats
+from sptlib.records import finished as _ok, group  # noqa: F401 (group: public here too)
 
 # Display order of regimes (unknown regimes follow in first-seen order).
 REGIME_ORDER = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
@@ -31,21 +32,6 @@ GAINS = (("spt-masked", "scratch"), ("spt-causal", "scratch"),
 def _ordered(values: Iterable[str], order: Sequence[str] = ()) -> list[str]:
     seen = list(dict.fromkeys(values))
     return [v for v in order if v in seen] + [v for v in seen if v not in order]
-
-
-def _ok(records):
-    return [r for r in records if r.get("status") == "finished"
-            and r.get("test_accuracy") is not None]
-
-
-def group(records, key="test_accuracy"):
-    """{(data_fraction, model, regime): [values over seeds]} of finished runs."""
-    out = collections.defaultdict(list)
-    for r in _ok(records):
-        v = r.get(key)
-        if v is not None:
-            out[(r.get("data_fraction", 1.0), r["model"], r["regime"])].append(float(v))
-    return out
 
 
 def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> str:
