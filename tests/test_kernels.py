@@ -195,6 +195,21 @@ def test_dlr_conv_equals_recurrence():
                    kernels.dlr_recurrent_kernel(ll, C, length)) < 1e-4
 
 
+@pytest.mark.parametrize("length", [1, 37, 256])
+def test_vandermonde_shared_modes_equal_naive_sum(length):
+    # Shared modes take the direct [N, L] Vandermonde path, per-channel ones the blocked
+    # path: both must equal the naive double sum (float64 NumPy).
+    h, n = 3, 40
+    log_z = (-RNG.uniform(1e-3, 0.2, n) + 1j * RNG.uniform(0, 2 * np.pi, n)).astype(np.complex64)
+    coef = cplx(2, h, n)
+    want = np.real(np.einsum("bhn,nl->bhl", np.asarray(coef, np.complex128),
+                             np.exp(np.asarray(log_z, np.complex128)[:, None] * np.arange(length))))
+    shared = kernels.vandermonde_sum(coef, jnp.asarray(log_z), length)
+    tiled = kernels.vandermonde_sum(coef, jnp.tile(jnp.asarray(log_z), (h, 1)), length)
+    assert shared.shape == tiled.shape == (2, h, length)
+    assert rel_err(shared, want) < 1e-5 and rel_err(tiled, want) < 1e-5
+
+
 @pytest.mark.parametrize("disc", ["zoh", "bilinear"])
 def test_s5_parallel_scan_equals_sequential(disc):
     p2, h, length = 8, 3, 500

@@ -35,6 +35,16 @@ def vandermonde_sum(coef, log_z, length):
     coef = coef.astype(ct)
     log_z = log_z.astype(ct)
     rt = jnp.float64 if ct == jnp.complex128 else jnp.float32
+    if log_z.ndim == 1:
+        # Modes shared by every channel (DLR): the full Vandermonde matrix is only
+        # [state, length], so one plain [channels, 2N] x [2N, length] matmul. XLA:CPU runs it
+        # 4-5x faster (forward + backward, N = 1,024, L = 256-1,024) than the blocked
+        # contraction below, whose batched dot it lowers poorly.
+        z = jnp.exp(log_z[:, None] * jnp.arange(length, dtype=rt))  # [N, L]
+        a2 = jnp.concatenate([coef.real, -coef.imag], axis=-1)  # [..., H, 2N]
+        return jnp.einsum("...hn,nl->...hl", a2, jnp.concatenate([z.real, z.imag], axis=0))
+    # Per-channel modes: a [H, N, L] Vandermonde tensor would be large, so factor
+    # k = q m + r (m ~ sqrt(L)): exp(k log z) = exp(r log z) exp(q m log z).
     m = 1 << max(0, math.ceil(math.log2(math.sqrt(length))))
     q = -(-length // m)
     r_idx = jnp.arange(m, dtype=rt)
