@@ -84,8 +84,9 @@ class MaskedDenoising(_Reconstruction):
     """
     kind = "masked"
 
-    def _eval_key(self, batch):
-        """A key that depends only on the eval seed and the batch contents."""
+    def eval_key(self, batch):
+        """The evaluation masks' key: depends only on `cfg.eval_seed` and the batch contents
+        (`span_mask(eval_key(batch), real, mask_rate, span_length)` are the masks scored)."""
         x = batch["inputs"]
         x = x.astype(jnp.int32) if jnp.issubdtype(x.dtype, jnp.integer) else (
             jnp.round(x * 255.0).astype(jnp.int32))
@@ -96,7 +97,7 @@ class MaskedDenoising(_Reconstruction):
 
     def _predict(self, apply_fn, variables, batch, inputs, real, mask_rng, dropout_rng, train):
         if not train:
-            mask_rng = self._eval_key(batch)
+            mask_rng = self.eval_key(batch)
         masked = span_mask(mask_rng, real, self.cfg.mask_rate, self.cfg.span_length)
         kwargs = {"inputs": self.model_inputs(inputs, masked), "mask": batch["mask"]}
         out, new_state = apply_model(apply_fn, variables, kwargs, dropout_rng, train)
