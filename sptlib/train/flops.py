@@ -86,7 +86,10 @@ def step_flops(step, *args) -> float:
     return jaxpr_flops(step.trace(*args).jaxpr.jaxpr)
 
 
-# Closed-form estimates from the config (docs/reproducing.md).
+# ------------------------------------------------------------------------------------------------
+# Closed-form estimate of a whole stage from the config alone (docs/reproducing.md).
+# ------------------------------------------------------------------------------------------------
+
 TPU_V4_PEAK_FLOPS = 275e12  # bf16 per chip
 DEFAULT_MFU = 0.3  # assumed utilisation; long-sequence models rarely do better
 
