@@ -30,7 +30,7 @@ model (`--config.data.lm.spm_model=...`, `pip install sptlib[lm]`); bytes when u
     get_config("[dataset][,model=...][,regime=scratch][,lr=3.2e-3][,steps=N][,seeds=2]")
 """
 
-from sptlib import experiments_lib as lib
+from sptlib.configs import common, paper, presets
 from sptlib import meshes
 from sptlib.train import config as train_config
 
@@ -67,7 +67,7 @@ def _lm_model(c, name, sizes, *, d_state, heads, head_dim):
     base = {"gss-l": "gss"}.get(name, name)
     if base not in MODELS:
         raise ValueError(f"model={name!r}: expected one of {MODELS + ('gss-l',)}")
-    lib.set_model(m, base, lib.TASKS["listops"], lib.Recipe(
+    presets.set_model(m, base, paper.TASKS["listops"], paper.Recipe(
         sizes["n_layers"], sizes["d_model"], 1, 0.0, 0.0, 1, n_heads=heads,
         ffn_mult=sizes.get("ffn_mult", 0)))
     m.causal = True
@@ -90,7 +90,7 @@ def _optim(stage, lr, warmup, ssm):
 
 
 def get_config(arg=""):
-    a = lib.parse_arg(arg, POSITIONAL)
+    a = common.parse_arg(arg, POSITIONAL)
     dataset = a.get("dataset", "cpu")
     model = a.get("model", "gss")
     regime = a.get("regime", "scratch")
@@ -133,10 +133,11 @@ def get_config(arg=""):
         s.eval_batch_size = batch
         _optim(s, lr, warmup, ssm=model != "transformer")
         seeds = tuple(range(int(a.get("seeds", 2))))
-        lib.add_compare(c, models=MODELS, regimes=("scratch",), seeds=seeds,
-                        length_factors=FACTORS,
-                        title=("GSS LM on the offline code corpus: train at 512 bytes, "
-                               "evaluate at 1x-16x" if cpu else f"GSS LM, paper sizes: {dataset}"))
+        presets.add_compare(c, models=MODELS, regimes=("scratch",), seeds=seeds,
+                            length_factors=FACTORS,
+                            title=("GSS LM on the offline code corpus: train at 512 bytes, "
+                                   "evaluate at 1x-16x" if cpu
+                                   else f"GSS LM, paper sizes: {dataset}"))
         if cpu:
             # One process per core (sptlib.compare_jobs): small models use 2 cores better as
             # two 1-core processes than as one 2-core process.

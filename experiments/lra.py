@@ -6,7 +6,7 @@ task    listops | text | retrieval | image | pathfinder | pathx | pathx256 |
         listops-cpu (a CPU-sized generated ListOps, below)
 model   transformer | transformer-causal | s4 | s4d | dss | gss | gss-hybrid | dlr | s5 |
         transformer-deep | transformer-wide | transformer-wide2 (L/2 layers x 2H heads, equal
-        parameters) | bow (the bag-of-words control; sptlib/experiments_variants.py)
+        parameters) | bow (the bag-of-words control; sptlib/configs/variants.py)
 regime  scratch | scratch-equal-compute | spt-masked | spt-causal | mlpinit (mixers bypassed
         for the pretraining steps, then finetuned with fresh mixers)
 scale   multiplies every stage's steps (default 1 = the paper's epochs)
@@ -30,7 +30,7 @@ Data: the LRA release under `--config.data.lra_dir` (ListOps, Retrieval, Pathfin
 TFDS (`imdb_reviews` for Text, `cifar10` for Image); see docs/reproducing.md.
 
 Sizes, optimisers, budgets and mask rates follow the authors' released configs, pretraining and
-finetuning files each (`sptlib/paper_presets.py`; checked field by field in
+finetuning files each (`sptlib/configs/paper.py`; checked field by field in
 tests/test_config_fidelity.py; deviations in docs/reproducing.md). Each config names its target
 TPU slice (`config.aot.slice`: v4-8, v4-16 for PathX, v4-32 for PathX-256) and mesh; the PathX
 and PathX-256 Transformers use local attention (windows 4,096 / 8,192) and the long-sequence
@@ -48,15 +48,14 @@ Paper numbers to expect (test accuracy; Amos et al. 2024 Table 1, S4 paper, LRA 
     DLR vs S4 (ListOps, Text, Image, PathX mean): DLR ~77 -> 83.4, S4 ~83 -> 84.5 with SPT.
 """
 
-from sptlib import experiments_lib as lib
-from sptlib import experiments_local as local
+from sptlib.configs import common, local, paper, presets
 
 POSITIONAL = ("task", "model", "regime")
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "pathx256")
 CPU_TASKS = ("listops-cpu",)
 GRIDS = {
     "lra": (("transformer", "s4"), ("scratch", "spt-masked")),
-    "zoo": (lib.MODELS, ("scratch", "spt-masked")),
+    "zoo": (presets.MODELS, ("scratch", "spt-masked")),
     "dlr": (("s4", "dlr"), ("scratch", "spt-masked")),
     "causal": (("transformer", "transformer-causal"), ("scratch", "spt-masked", "spt-causal")),
     "wide": (("transformer-deep", "transformer-wide2", "transformer-wide"), ("scratch",)),
@@ -75,7 +74,7 @@ CPU_SIZES = {"wide": dict(n_layers=4, n_heads=2), "priors": dict(n_layers=2, n_h
 
 
 def get_config(arg="listops,s4,spt-masked"):
-    a = lib.parse_arg(arg, POSITIONAL)
+    a = common.parse_arg(arg, POSITIONAL)
     task, grid = a.get("task", "listops"), a.get("grid", "lra")
     if task not in TASKS + CPU_TASKS:
         raise ValueError(f"experiments/lra.py: unknown task {task!r}; known: "
@@ -83,7 +82,7 @@ def get_config(arg="listops,s4,spt-masked"):
     if grid not in GRIDS:
         raise ValueError(f"experiments/lra.py: unknown grid {grid!r}; known: {sorted(GRIDS)}")
     models, regimes = GRIDS[grid]
-    if task in TASKS and lib.TASKS[task].transformer.n_layers % 2:
+    if task in TASKS and paper.TASKS[task].transformer.n_layers % 2:
         # An odd depth has no L/2 x 2H variant (Image: 3 layers).
         models = tuple(m for m in models if m != "transformer-wide2")
     compare = dict(models=models + CONTROLS, regimes=regimes, seeds=(0, 1, 2))
@@ -96,9 +95,9 @@ def get_config(arg="listops,s4,spt-masked"):
         return local.local_listops(
             model, regime, **sizes, mlpinit_objective=objective,
             compare=dict(compare, title=f"ListOps (generated, CPU-sized), {grid} grid"))
-    config = lib.build(task, model, regime, scale=float(a.get("scale", 1.0)),
-                       mlpinit_objective=objective)
+    config = presets.build(task, model, regime, scale=float(a.get("scale", 1.0)),
+                           mlpinit_objective=objective)
     with config.unlocked():
-        lib.add_compare(config, **compare,
-                        title=f"LRA {task} ({grid} grid, paper sizes)")
+        presets.add_compare(config, **compare,
+                            title=f"LRA {task} ({grid} grid, paper sizes)")
     return config

@@ -24,8 +24,7 @@ longer local reproduction.
     get_config("[model,regime][,steps=<finetune steps>][,pretrain_steps=..][,init=torch|linen]")
 """
 
-from sptlib import experiments_lib as lib
-from sptlib import experiments_local as local
+from sptlib.configs import common, local
 
 POSITIONAL = ("model", "regime")
 
@@ -37,7 +36,7 @@ BATCH = 32
 
 
 def get_config(arg=""):
-    a = lib.parse_arg(arg, POSITIONAL)
+    a = common.parse_arg(arg, POSITIONAL)
     c = local.local_lines(
         a.get("model", "s4d"), a.get("regime", "spt-masked"), resolution=8, num_train=8000,
         num_eval=1000, n_layers=2, d_model=64, steps=int(a.get("steps", STEPS)),

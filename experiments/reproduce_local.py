@@ -37,8 +37,7 @@ normalised intensities, Flax's default initialisation, 2,000 + 300 steps.
 (`config.model.init_scheme`); see docs/reproducing.md, "SPT fidelity vs a PyTorch peer".
 """
 
-from sptlib import experiments_lib as lib
-from sptlib import experiments_local as local
+from sptlib.configs import common, local
 
 POSITIONAL = ("model", "regime")
 TRAIN = 8000
@@ -53,7 +52,7 @@ SETTINGS = {
 
 
 def get_config(arg=""):
-    a = lib.parse_arg(arg, POSITIONAL)
+    a = common.parse_arg(arg, POSITIONAL)
     setting = a.get("setting", "l256")
     if setting not in SETTINGS:
         raise ValueError(f"experiments/reproduce_local.py: setting={setting!r}; known: "

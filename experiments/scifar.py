@@ -15,16 +15,17 @@ Paper (section 3.7): SPT also helps on sCIFAR; S4 from scratch reaches ~91% (S4 
 the SPT gain for Transformer and S4 with 3 seeds.
 """
 
-from sptlib import experiments_lib as lib
+from sptlib.configs import common, presets
 
 POSITIONAL = ("model", "regime")
 
 
 def get_config(arg="s4,spt-masked"):
-    a = lib.parse_arg(arg, POSITIONAL)
-    config = lib.build("scifar", a.get("model", "s4"), a.get("regime", "spt-masked"),
-                       scale=float(a.get("scale", 1.0)))
+    a = common.parse_arg(arg, POSITIONAL)
+    config = presets.build("scifar", a.get("model", "s4"), a.get("regime", "spt-masked"),
+                           scale=float(a.get("scale", 1.0)))
     with config.unlocked():
-        lib.add_compare(config, models=("transformer", "s4"), regimes=("scratch", "spt-masked"),
-                        seeds=(0, 1, 2), title="sCIFAR (paper sizes)")
+        presets.add_compare(config, models=("transformer", "s4"),
+                            regimes=("scratch", "spt-masked"), seeds=(0, 1, 2),
+                            title="sCIFAR (paper sizes)")
     return config

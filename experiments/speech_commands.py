@@ -16,16 +16,17 @@ rematerialised). Paper (section 3.7): S4 ~96-98% from scratch on raw audio; SPT 
 Transformer's gap.
 """
 
-from sptlib import experiments_lib as lib
+from sptlib.configs import common, presets
 
 POSITIONAL = ("model", "regime")
 
 
 def get_config(arg="s4,spt-masked"):
-    a = lib.parse_arg(arg, POSITIONAL)
-    config = lib.build("speech_commands", a.get("model", "s4"), a.get("regime", "spt-masked"),
-                       scale=float(a.get("scale", 1.0)))
+    a = common.parse_arg(arg, POSITIONAL)
+    config = presets.build("speech_commands", a.get("model", "s4"),
+                           a.get("regime", "spt-masked"), scale=float(a.get("scale", 1.0)))
     with config.unlocked():
-        lib.add_compare(config, models=("transformer", "s4"), regimes=("scratch", "spt-masked"),
-                        seeds=(0, 1, 2), title="Speech Commands (paper sizes)")
+        presets.add_compare(config, models=("transformer", "s4"),
+                            regimes=("scratch", "spt-masked"), seeds=(0, 1, 2),
+                            title="Speech Commands (paper sizes)")
     return config

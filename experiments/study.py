@@ -31,8 +31,7 @@ writes `denoising.png`. Measured results: docs/reproducing.md, "Learning-curve s
 
 import math
 
-from sptlib import experiments_lib as lib
-from sptlib import experiments_local as local
+from sptlib.configs import common, local
 
 POSITIONAL = ("model", "regime")
 STEPS = 600
@@ -43,7 +42,7 @@ FRACTIONS = (0.0625, 1.0)  # 500 and 8,000 training images
 
 
 def get_config(arg=""):
-    a = lib.parse_arg(arg, POSITIONAL)
+    a = common.parse_arg(arg, POSITIONAL)
     length = int(a.get("length", 256))
     resolution = math.isqrt(length)
     if resolution * resolution != length:

@@ -33,7 +33,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from sptlib import data as data_lib
-from sptlib import experiments_lib, meshes, topologies
+from sptlib import meshes, topologies
+from sptlib.configs import common
 from sptlib.train import flops, setup
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +74,7 @@ def paper_configs():
     """[(name, config)] of the paper grid (see PAPER_GRID)."""
     out = []
     for file, tasks in PAPER_GRID:
-        module = experiments_lib.load_module(os.path.join(REPO_ROOT, "experiments", file))
+        module = common.load_module(os.path.join(REPO_ROOT, "experiments", file))
         for task in tasks:
             for model in PAPER_MODELS:
                 arg = ",".join(x for x in (task, model, PAPER_REGIME) if x)

@@ -6,7 +6,7 @@ r"""The fair-comparison protocol in one command: models × regimes × seeds → 
 The experiment config names the grid in its `compare` section (`models`, `regimes`, `seeds`,
 `data_fractions`, `length_factors`). Every cell is a complete single-run config made by calling
 the experiment file's `get_config` again with `model=<m>,regime=<r>` added to its argument (see
-`sptlib.experiments_lib`), then setting `seed` and `data.data_fraction`; `--config.a.b=v`
+`sptlib.configs.common`), then setting `seed` and `data.data_fraction`; `--config.a.b=v`
 overrides apply to every run. Regimes:
 
   scratch                classification from random init;
@@ -46,10 +46,10 @@ from ml_collections import config_flags
 from sptlib import compare_jobs
 from sptlib.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
 from sptlib import errors
-from sptlib import experiments_lib
 from sptlib import lmreport
 from sptlib import logs
 from sptlib import report
+from sptlib.configs import common, presets, variants
 from sptlib.records import is_finished, load_results, make_record
 from sptlib.train import results as results_lib
 
@@ -81,7 +81,7 @@ _SHARD = flags.DEFINE_string(
     "one per core, or one per machine sharing the workdir) split the grid. Each writes "
     "comparison.shard<i>of<n>.json; rerun without --shard (or with --report_only) for the table.")
 
-REGIMES = experiments_lib.REGIMES
+REGIMES = presets.REGIMES
 
 
 @dataclasses.dataclass
@@ -136,7 +136,7 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
     """
     overrides = dict(overrides or {})
     path, _, arg = config_file.partition(":")
-    module = experiments_lib.load_module(path)
+    module = common.load_module(path)
     base = copy.deepcopy(module.get_config(arg) if arg else module.get_config())
     for k, v in overrides.items():
         if k.startswith("compare."):
@@ -144,7 +144,7 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
     comp = base.compare
     models = list(models or comp.models)
     if rand_init:
-        models += [m + "-randinit" for m in models if experiments_lib.has_randinit(m)]
+        models += [m + "-randinit" for m in models if presets.has_randinit(m)]
     regimes = list(regimes or comp.regimes)
     seeds = [int(s) for s in (seeds if seeds is not None else comp.seeds)]
     fractions = [float(f) for f in (data_fractions or comp.data_fractions)]
@@ -152,13 +152,13 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
         if g not in REGIMES:
             raise errors.ConfigError(f"--regimes / config.compare.regimes: unknown regime {g!r}; "
                                      f"known: {', '.join(REGIMES)}")
-    parsed = experiments_lib.parse_arg(arg, getattr(module, "POSITIONAL", ()))
+    parsed = common.parse_arg(arg, getattr(module, "POSITIONAL", ()))
     cells = {}
     for m in models:
-        for g in (g for g in regimes if experiments_lib.variants.runs_regime(m, g)):
+        for g in (g for g in regimes if variants.runs_regime(m, g)):
             try:
-                cfg = module.get_config(experiments_lib.format_arg({**parsed, "model": m,
-                                                                     "regime": g}))
+                cfg = module.get_config(common.format_arg({**parsed, "model": m,
+                                                            "regime": g}))
             except (ValueError, KeyError) as e:  # e.g. a model the experiment does not know
                 raise errors.ConfigError(f"--models / --regimes (config.compare): model {m!r}, "
                                          f"regime {g!r}: {e}") from e

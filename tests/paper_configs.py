@@ -1,5 +1,5 @@
 """The authors' released configs, transcribed by hand: the independent truth that
-`tests/test_config_fidelity.py` compares the presets (`sptlib/paper_presets.py`) with.
+`tests/test_config_fidelity.py` compares the presets (`sptlib/configs/paper.py`) with.
 
 Source: github.com/IdoAmos/not-from-scratch (a fork of state-spaces/s4), `configs/experiment/`
 `lra/`, `cifar/` (sCIFAR) and `sc/` (Speech Commands); `*-mlm.yaml` / `*-lm.yaml` files are the

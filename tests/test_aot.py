@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib import aot, experiments_lib as lib, meshes, topologies
+from sptlib import aot, meshes, topologies
+from sptlib.configs import presets, testing
 from sptlib import data as data_lib
 from sptlib.train import flops, setup
 
@@ -89,7 +90,7 @@ def test_flops_cond_takes_the_larger_branch_and_fft_is_5nlogn():
 
 
 def test_abstract_stage_matches_a_real_initialisation():
-    config = lib.tiny(lib.build("listops", "transformer", "spt-masked"))
+    config = testing.tiny(presets.build("listops", "transformer", "spt-masked"))
     info = data_lib.task_info(config.data)
     batch = setup.batch_shapes(info, int(config.stages.pretrain.batch_size))
     real_batch = {k: np.zeros(v.shape, v.dtype) for k, v in batch.items()}

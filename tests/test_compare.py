@@ -15,12 +15,12 @@ from sptlib import report
 # seed, data.{task, data_fraction} and the compare section.
 _EXPERIMENT = textwrap.dedent('''
     import ml_collections
-    from sptlib import experiments_lib as lib
+    from sptlib.configs import common, presets
 
     POSITIONAL = ("model", "regime")
 
     def get_config(arg=""):
-        a = lib.parse_arg(arg, POSITIONAL)
+        a = common.parse_arg(arg, POSITIONAL)
         c = ml_collections.ConfigDict()
         c.seed = 0
         c.data = dict(task="fake", data_fraction=1.0)
@@ -31,8 +31,8 @@ _EXPERIMENT = textwrap.dedent('''
         c.stage_order = ("scratch",) if regime.startswith("scratch") else ("pretrain", "finetune")
         if regime == "scratch-equal-compute":
             c.stages.scratch.num_steps = 20
-        lib.add_compare(c, models=("m1", "m2"), regimes=("scratch", "spt-masked"),
-                        seeds=(0, 1, 2), title="fake")
+        presets.add_compare(c, models=("m1", "m2"), regimes=("scratch", "spt-masked"),
+                            seeds=(0, 1, 2), title="fake")
         c.lock()
         return c
 ''')
@@ -208,12 +208,12 @@ def test_shards_split_the_grid_and_the_report_merges_them(experiment, tmp_path):
 # One real tiny comparison: the real trainer (sptlib.stages.run), 2 runs, length at 2x.
 _REAL = textwrap.dedent('''
     from experiments import smoke
-    from sptlib import experiments_lib as lib
+    from sptlib.configs import common, presets
 
     POSITIONAL = ("model", "regime")
 
     def get_config(arg=""):
-        lib.parse_arg(arg, POSITIONAL)
+        common.parse_arg(arg, POSITIONAL)
         c = smoke.get_config()
         c.data.lra_dir = {lra!r}
         c.data.max_length = 48
@@ -223,8 +223,8 @@ _REAL = textwrap.dedent('''
         s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 4, 2, 2, 2
         s.batch_size, s.eval_batch_size = 8, 16
         with c.unlocked():
-            lib.add_compare(c, models=("attention",), regimes=("scratch",), seeds=(0, 1),
-                            length_factors=(2,), title="real")
+            presets.add_compare(c, models=("attention",), regimes=("scratch",),
+                                seeds=(0, 1), length_factors=(2,), title="real")
         return c
 ''')
 

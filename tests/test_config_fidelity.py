@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import paper_configs as paper  # noqa: E402
 
-from sptlib import experiments_lib as lib  # noqa: E402
+from sptlib.configs import presets  # noqa: E402
+from sptlib.configs.paper import TASKS  # noqa: E402
 from sptlib import meshes  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +100,7 @@ def _cases():
 @pytest.mark.parametrize("row", _cases())
 def test_preset_matches_released_config(row):
     task, model, stage = row["task"], row["model"], row["stage"]
-    config = lib.build(task, model, "spt-masked")
+    config = presets.build(task, model, "spt-masked")
     checked = 0
     for field in paper.FIELDS:
         want, key = row[field], (task, model, stage, field)
@@ -121,11 +122,11 @@ def test_preset_matches_released_config(row):
     assert checked >= 14, (task, model, stage, checked)
 
 
-@pytest.mark.parametrize("task", sorted(lib.TASKS))
+@pytest.mark.parametrize("task", sorted(TASKS))
 @pytest.mark.parametrize("model", ["transformer", "s4"])
 def test_scratch_stage_is_the_finetune_stage(task, model):
     """The scratch baseline trains with the finetuning budget and optimiser."""
-    c = lib.build(task, model, "scratch")
+    c = presets.build(task, model, "scratch")
     ft, sc = c.stages.finetune, c.stages.scratch
     assert (sc.batch_size, sc.num_steps) == (ft.batch_size, ft.num_steps)
     assert sc.optim.to_dict() == ft.optim.to_dict()
@@ -135,7 +136,7 @@ def test_every_released_row_is_covered():
     """Every task x {Transformer, S4} x {pretrain, finetune} has a released row (but S4
     PathX-256, which has none)."""
     have = {(r["task"], r["model"], r["stage"]) for r in paper.ROWS}
-    want = {(t, m, s) for t in lib.TASKS for m in ("transformer", "s4")
+    want = {(t, m, s) for t in TASKS for m in ("transformer", "s4")
             for s in ("pretrain", "finetune")} - {("pathx256", "s4", "pretrain"),
                                                  ("pathx256", "s4", "finetune")}
     assert have == want
@@ -157,11 +158,11 @@ def test_deviations_are_documented():
 # Hardware side: attention kernels, remat, slices and meshes.
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("task", sorted(lib.TASKS))
-@pytest.mark.parametrize("model", lib.MODELS)
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("model", presets.MODELS)
 def test_windowed_attention_uses_the_local_kernel(task, model):
     """A window over `impl='plain'` only masks a full L x L score matrix."""
-    m = lib.build(task, model, "scratch").model
+    m = presets.build(task, model, "scratch").model
     if m.attention.window:
         assert m.attention.impl == "local", (task, model)
 
@@ -169,16 +170,16 @@ def test_windowed_attention_uses_the_local_kernel(task, model):
 def test_long_sequence_transformers_are_local_and_rematerialised():
     for task, window in (("pathx", 4096), ("pathx256", 8192), ("speech_commands", 4000)):
         for model in ("transformer", "transformer-causal"):
-            m = lib.build(task, model, "spt-masked").model
+            m = presets.build(task, model, "spt-masked").model
             assert (m.attention.impl, m.attention.window, m.remat, m.scan_layers) == (
                 "local", window, True, True), (task, model)
-        assert lib.build(task, "s4", "spt-masked").model.remat
+        assert presets.build(task, "s4", "spt-masked").model.remat
 
 
-@pytest.mark.parametrize("task", sorted(lib.TASKS))
+@pytest.mark.parametrize("task", sorted(TASKS))
 @pytest.mark.parametrize("model", ["transformer", "s4", "gss-hybrid"])
 def test_every_preset_names_a_slice_and_a_mesh_that_fits_its_batches(task, model):
-    c = lib.build(task, model, "spt-masked")
+    c = presets.build(task, model, "spt-masked")
     devices = meshes.expected_device_count(c.aot.slice)
     sizes = meshes.resolve_axis_sizes(meshes.slice_mesh(c), devices)  # raises if it does not fit
     batch_shards = sizes["data"] * sizes["fsdp"] * sizes["dcn_data"] * sizes["dcn_fsdp"]

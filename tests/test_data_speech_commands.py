@@ -143,10 +143,10 @@ def test_speech_commands_presets_build_35_way_heads(release):
     import jax
     import jax.numpy as jnp
 
-    from sptlib import experiments_lib as lib
+    from sptlib.configs import common
     from sptlib import models, objectives
 
-    module = lib.load_module(os.path.join(ROOT, "experiments", "speech_commands.py"))
+    module = common.load_module(os.path.join(ROOT, "experiments", "speech_commands.py"))
     for model in ("transformer", "s4"):
         cfg = module.get_config(f"{model},scratch")
         with cfg.unlocked():

@@ -8,18 +8,22 @@ import jax
 import numpy as np
 import pytest
 
-from sptlib import experiments_lib as lib
+from sptlib import data
+from sptlib.configs import common, presets, testing
+from sptlib.train import flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LRA = lib.load_module(os.path.join(ROOT, "experiments", "lra.py"))
+LRA = common.load_module(os.path.join(ROOT, "experiments", "lra.py"))
 
 
 def fake_info(cfg):
     d = cfg.data
     cont = d.input_type == "continuous"
     classes = {"listops": 10, "image": 10, "scifar": 10, "speech_commands": 35}.get(d.task, 2)
+    # The tests' own length (`tiny` sets max_length) wins over the task's.
+    length = int(d.max_length) or data.sequence_length(d)
     return dict(vocab_size=0 if cont else 260, num_classes=classes,
-                max_length=lib.sequence_length(cfg), input_type=d.input_type,
+                max_length=length, input_type=d.input_type,
                 d_input=cfg.model.d_input if cont else 1, pair=d.task == "retrieval")
 
 
@@ -73,8 +77,8 @@ def test_every_lra_task_model_regime_config_resolves():
     """All 7 × 9 × 4 LRA cells build a consistent config (cheap: no JAX)."""
     from sptlib.train import config as train_config
     for task in LRA.TASKS:
-        for model in lib.MODELS:
-            for regime in lib.REGIMES:
+        for model in presets.MODELS:
+            for regime in presets.REGIMES:
                 c = LRA.get_config(f"{task},{model},{regime}")
                 train_config.validate(c)
                 assert c.data.task == task
@@ -109,7 +113,7 @@ def test_every_lra_task_model_regime_config_resolves():
 _CELLS = sorted({(t, ("transformer", "s4d")[i % 2], ("spt-masked", "scratch")[i % 2])
                  for i, t in enumerate(LRA.TASKS)}
                 | {(("listops", "image", "pathfinder")[i % 3], m, ("spt-masked", "spt-causal")[
-                    m == "transformer-causal"]) for i, m in enumerate(lib.MODELS)})
+                    m == "transformer-causal"]) for i, m in enumerate(presets.MODELS)})
 
 
 # Compiling two stages costs ~10-50 s per cell on a busy 2-core machine: four cells (both
@@ -122,7 +126,7 @@ _CELLS = sorted(set(_CELLS) | _FAST)
 @pytest.mark.parametrize("task,model,regime", [
     c if c in _FAST else pytest.param(*c, marks=pytest.mark.slow) for c in _CELLS])
 def test_lra_config_trains_one_tiny_step(task, model, regime):
-    cfg = lib.tiny(LRA.get_config(f"{task},{model},{regime}"))
+    cfg = testing.tiny(LRA.get_config(f"{task},{model},{regime}"))
     losses = train_one_step(cfg)
     assert set(losses) == set(cfg.stage_order)
 
@@ -135,29 +139,29 @@ _FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
 @pytest.mark.parametrize("path", _FILES, ids=os.path.basename)
 def test_other_experiment_files_train_one_tiny_step(path):
     """Every other file's default config and every model of its compare grid train one step."""
-    module = lib.load_module(path)
+    module = common.load_module(path)
     base = module.get_config()
     assert len(base.compare.seeds) >= 1 and base.compare.models and base.compare.regimes
     pos = getattr(module, "POSITIONAL", ())
     for model in base.compare.models:
         regime = "spt-masked" if "spt-masked" in base.compare.regimes else base.compare.regimes[0]
-        cfg = module.get_config(lib.format_arg({"model": model, "regime": regime}))
+        cfg = module.get_config(common.format_arg({"model": model, "regime": regime}))
         assert "model" in pos and "regime" in pos
-        train_one_step(lib.tiny(cfg))
+        train_one_step(testing.tiny(cfg))
 
 
 def test_parse_and_format_arg_round_trip():
-    a = lib.parse_arg("image,s4d,regime=scratch,scale=0.5", ("task", "model", "regime"))
+    a = common.parse_arg("image,s4d,regime=scratch,scale=0.5", ("task", "model", "regime"))
     assert a == {"task": "image", "model": "s4d", "regime": "scratch", "scale": "0.5"}
-    assert lib.parse_arg(lib.format_arg(a), ("task",)) == a
+    assert common.parse_arg(common.format_arg(a), ("task",)) == a
     with pytest.raises(ValueError, match="Too many positional"):
-        lib.parse_arg("a,b,c", ("x", "y"))
+        common.parse_arg("a,b,c", ("x", "y"))
 
 
 def test_flops_estimate_matches_hand_count():
     """A dense Transformer stage: 6 · N · tokens + 12 · L · d · tokens · layers."""
     c = LRA.get_config("image,transformer,scratch")
-    est = lib.estimate_flops(c, "scratch", num_params=1000)
+    est = flops.estimate_flops(c, "scratch", num_params=1000)
     tokens = c.stages.scratch.num_steps * 50 * 1024  # released finetuning batch 50
     assert est["tokens"] == tokens
     assert est["flops"] == pytest.approx(6 * 1000 * tokens + 12 * 1024 * 64 * tokens * 3)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib import experiments_local as local
+from sptlib.configs import local
 from sptlib import models, stages
 from sptlib.models.config import model_config
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib import experiments_lib, lengthgen, lmeval, lmreport, models, objectives
+from sptlib import lengthgen, lmeval, lmreport, models, objectives
+from sptlib.configs import common
 from sptlib.data import lm
 from sptlib.layers import get_mixer
 from sptlib.layers.blocks import FeedForward, Norm
@@ -20,7 +21,7 @@ V = lm.BYTE_LM_VOCAB_SIZE
 
 
 def _config(name, **model_over):
-    c = experiments_lib.load_module(EXP).get_config(f"model={name}")
+    c = common.load_module(EXP).get_config(f"model={name}")
     with c.unlocked():
         m = c.model
         m.vocab_size, m.max_length = V, 0
@@ -139,7 +140,7 @@ def test_bucket_edges():
 
 def test_cpu_default_models_have_about_equal_parameters():
     counts = {}
-    mod = experiments_lib.load_module(EXP)
+    mod = common.load_module(EXP)
     for name in mod.MODELS:
         c = mod.get_config(f"model={name}")
         with c.unlocked():

@@ -242,7 +242,7 @@ def test_retrieval_head_is_a_shared_dual_encoder():
 
 # -- paper sizes --------------------------------------------------------------------------------
 
-# Paper-size models are the experiment presets' (sptlib/paper_presets.py; checked against the
+# Paper-size models are the experiment presets' (sptlib/configs/paper.py; checked against the
 # authors' released configs in tests/test_config_fidelity.py), so this table holds only what the
 # data decides: (task, name, vocab incl. the 2 reserved ids (0 = continuous), classes, head kind).
 PAPER_TASKS = [
@@ -260,9 +260,9 @@ PAPER_TASKS = [
 
 def paper_config(task, model):
     """config.model of one paper-size preset ('transformer' or an SSM name) and its head."""
-    from sptlib import experiments_lib as lib
+    from sptlib.configs import presets
     _, _, vocab, classes, kind = next(t for t in PAPER_TASKS if t[0] == task)
-    c = lib.build(task, model, "scratch").model
+    c = presets.build(task, model, "scratch").model
     c.vocab_size = vocab
     return c, {"kind": kind, "num_classes": classes}
 

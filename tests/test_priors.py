@@ -1,6 +1,6 @@
 """Data-driven priors and controls beside SPT: the mlpinit regime (per-token stage 1, then the full
 model with fresh mixers), Transformer width/depth variants as grid entries, the bag-of-words
-control (`sptlib.experiments_variants`, `sptlib.models.bow`)."""
+control (`sptlib.configs.variants`, `sptlib.models.bow`)."""
 
 import json
 import os
@@ -15,13 +15,13 @@ import pytest
 
 from sptlib import compare
 from sptlib import data as data_lib
-from sptlib import experiments_lib as lib
-from sptlib import experiments_variants as variants
+from sptlib.configs import common, testing, variants
+from sptlib.train import flops
 from sptlib.models import build_model
 from sptlib.models import config as model_config_lib
 
 ROOT = pathlib.Path(__file__).parents[1]
-LRA = lib.load_module(str(ROOT / "experiments" / "lra.py"))
+LRA = common.load_module(str(ROOT / "experiments" / "lra.py"))
 
 
 def _model_cfg(mixer, **kw):
@@ -96,10 +96,10 @@ def test_mlpinit_regime_config():
         assert tuple(st.finetune.dont_load) == (variants.MIXER_PATTERN,) + head
         assert "bypass_mixers" not in st.finetune and "bypass_mixers" not in st.scratch
         # The compute estimate of stage 1 counts no mixer: 6 · params · tokens only.
-        est = lib.estimate_flops(c, "mlpinit", num_params=1000)
+        est = flops.estimate_flops(c, "mlpinit", num_params=1000)
         assert est["flops"] == 6 * 1000 * est["tokens"]
-        assert lib.estimate_flops(c, "finetune", num_params=1000)["flops"] > 6 * 1000 * (
-            lib.estimate_flops(c, "finetune", num_params=1000)["tokens"])
+        assert flops.estimate_flops(c, "finetune", num_params=1000)["flops"] > 6 * 1000 * (
+            flops.estimate_flops(c, "finetune", num_params=1000)["tokens"])
     c = LRA.get_config("listops-cpu,s4d,mlpinit,mlpinit_objective=masked")
     assert c.stages.mlpinit.objective.mask_rate == 0.10  # the paper's ListOps rate
     with pytest.raises(ValueError, match="mlpinit objective"):
@@ -119,7 +119,7 @@ def test_mlpinit_stage2_loads_exactly_the_non_mixer_tensors(tmp_path):
     from sptlib.train import setup
     from sptlib.train import transfer
 
-    c = lib.tiny(LRA.get_config("listops-cpu,transformer,mlpinit"), steps=2, max_length=32)
+    c = testing.tiny(LRA.get_config("listops-cpu,transformer,mlpinit"), steps=2, max_length=32)
     with c.unlocked():
         c.model.n_layers = 2
         c.data.lra_dir = str(tmp_path / "data")

@@ -48,7 +48,7 @@ def objective_config(kind="classify"):
     # masked | causal | classify | retrieval.
     c.kind = kind
     # Masked SPT: fraction of real positions masked. The paper's per-task rates are set by the
-    # experiment presets (sptlib/paper_presets.py, TaskSpec.mask_rate).
+    # experiment presets (sptlib/configs/paper.py, TaskSpec.mask_rate).
     c.mask_rate = 0.15
     # Mean length of masked spans; 1 = each position masked independently.
     c.span_length = 1

@@ -8,11 +8,16 @@ as it is traced (it is executed work). Elementwise operations are not counted (t
 per cent of a step of these models and not what a peak FLOP/s rating measures).
 
     flops = step_flops(train_step, state, batch)   # `state` / `batch` may be ShapeDtypeStructs
+
+`estimate_flops(config, stage, num_params)` is the closed-form estimate from the config alone
+(nothing traced): the budget of a whole stage in TPU-v4 hours, for planning (docs/reproducing.md).
 """
 
 import math
 
 import numpy as np
+
+from sptlib import data
 
 
 def _size(aval) -> int:
@@ -79,3 +84,44 @@ def step_flops(step, *args) -> float:
     """FLOPs of one call of a `sptlib.train.steps` step function on `args` (arrays or
     `ShapeDtypeStruct`s); traced only, nothing is compiled or run."""
     return jaxpr_flops(step.trace(*args).jaxpr.jaxpr)
+
+
+# ------------------------------------------------------------------------------------------------
+# Closed-form estimate of a whole stage from the config alone (docs/reproducing.md).
+# ------------------------------------------------------------------------------------------------
+
+TPU_V4_PEAK_FLOPS = 275e12  # bf16 per chip
+DEFAULT_MFU = 0.3  # assumed utilisation; long-sequence models rarely do better
+
+
+def estimate_flops(config, stage: str, num_params: int) -> dict:
+    """Training FLOPs of one stage: 6 · params · tokens for the dense layers, plus attention's
+    L² term (window-limited) or the SSMs' FFT convolutions.
+
+    Returns {flops, tokens, tpu_v4_hours (at DEFAULT_MFU), seq_len}.
+    """
+    st = config.stages[stage]
+    m = config.model
+    L = data.sequence_length(config.data)
+    docs = 2 if config.data.task == "retrieval" else 1
+    tokens = st.num_steps * st.batch_size * L * docs
+    flops = 6.0 * num_params * tokens
+    n_attn = 0
+    if m.mixer == "attention":
+        n_attn = m.n_layers
+    elif m.pattern == "gss_hybrid":
+        n_attn = len(range(1, m.n_layers, 4))
+    if st.get("bypass_mixers", False):
+        n_attn = 0  # mlpinit's stage 1: no mixer runs (num_params is then the per-token model's)
+    span = min(L, 2 * m.attention.window) if m.attention.window else L
+    # QK^T and AV: 2 matmuls × 2 FLOPs per MAC × span × d per token, ×3 for the backward pass.
+    flops += 3 * 4.0 * span * m.d_model * tokens * n_attn
+    n_ssm = m.n_layers - n_attn if m.mixer != "attention" else 0
+    n_ssm = 0 if st.get("bypass_mixers", False) else n_ssm
+    if n_ssm:
+        # rfft / irfft of length 2L per channel (~5 · 2L · log2 2L each, 3 transforms), ×3 bwd.
+        fft = 3 * 5.0 * 2 * math.log2(2 * L) * 3
+        width = m.d_model if m.mixer != "gss" else max(m.d_model // 4, 1)
+        flops += fft * width * tokens * n_ssm * (2 if not m.causal else 1)
+    hours = flops / (TPU_V4_PEAK_FLOPS * DEFAULT_MFU) / 3600.0
+    return {"flops": flops, "tokens": tokens, "tpu_v4_hours": hours, "seq_len": L}

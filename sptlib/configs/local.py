@@ -1,6 +1,6 @@
 """CPU-sized comparisons on data the package generates: the quickstart and the local reproduction.
 
-Built on the paper presets' machinery in `sptlib.experiments_lib` (regimes, model and optimiser
+Built on the paper presets' machinery in `sptlib.configs.presets` (regimes, model and optimiser
 setters, the compare section), with one recipe for every model so the comparison is at equal
 width, depth, optimiser and budget.
 """
@@ -12,10 +12,10 @@ import os
 
 import ml_collections
 
+from sptlib.configs import variants
+from sptlib.configs.paper import TASKS, Recipe
+from sptlib.configs.presets import add_compare, apply_regime, set_model, set_optim
 from sptlib.train import config as train_config
-from sptlib import experiments_variants as variants
-from sptlib.experiments_lib import (TASKS, Recipe, add_compare, apply_regime, set_model,
-                                    set_optim)
 
 # Pathfinder contour length -> the release's difficulty folder name.
 DIFFICULTY_NAMES = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}

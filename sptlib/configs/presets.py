@@ -1,14 +1,9 @@
-"""Shared builder of experiment configs: paper presets per task and model, regimes, compare grid.
+"""The paper-size configs: `build(task, model, regime)`, the regimes, the compare section.
 
-Every file in `experiments/` is a thin `get_config(arg)` over `build(task, model, regime, ...)`,
-so one table (`sptlib.paper_presets.TASKS`, re-exported here) holds the paper's sizes, mask rates,
+Every paper-size file in `experiments/` is a thin `get_config(arg)` over `build(task, model,
+regime, ...)`, so one table (`sptlib.configs.paper.TASKS`) holds the paper's sizes, mask rates,
 optimiser settings and target TPU slices, and hundreds of task × model × regime combinations need
-no copies.
-
-Argument strings (`--config=experiments/lra.py:<arg>`) are comma-separated tokens: bare tokens
-fill the file's positional slots in order (e.g. `listops,s4d,spt-masked` → task, model, regime),
-`key=value` tokens set named slots. `sptlib.compare` re-calls `get_config` with `model=` and
-`regime=` added, so every file must accept those two keys.
+no copies. Argument strings: `sptlib.configs.common`.
 
 Regimes (stage_order of the resulting config):
   scratch                ("scratch",): classification from random init, `finetune_steps` steps;
@@ -19,26 +14,23 @@ Regimes (stage_order of the resulting config):
   mlpinit                ("mlpinit", "finetune"): the model with its sequence mixers bypassed
                          (per-token) for `pretrain_steps` steps on the task's labels (or masked,
                          `mlpinit_objective`), then finetuning with fresh mixers and every other
-                         tensor loaded (`sptlib.experiments_variants`).
+                         tensor loaded (`sptlib.configs.variants`).
 The finetune stage of an SPT or mlpinit regime has exactly the scratch stage's budget and
 optimiser; the pretrain stage has the released pretraining config's (`Recipe.pretrain`).
 Model names may carry a variant (transformer-deep, transformer-wide, transformer-wide<k>) or name
-the bag-of-words control `bow` (`sptlib.experiments_variants`).
+the bag-of-words control `bow` (`sptlib.configs.variants`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import sys
-from typing import Any
 
 import ml_collections
 
-from sptlib import experiments_variants as variants
 from sptlib import meshes
-from sptlib.paper_presets import STAGE_FIELDS, TASKS, Recipe, TaskSpec  # noqa: F401 (re-exported)
+from sptlib.configs import variants
+from sptlib.configs.paper import TASKS, Recipe, TaskSpec
+from sptlib.train import config as train_config
 
 REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
 MODELS = ("transformer", "transformer-causal", "s4", "s4d", "dss", "gss", "gss-hybrid", "dlr",
@@ -47,54 +39,6 @@ ATTENTION_MODELS = ("transformer", "transformer-causal", "gss-hybrid")
 # Names beside MODELS: Transformer width/depth variants and the bag-of-words control.
 VARIANTS = ("transformer-deep", "transformer-wide2", "transformer-wide", "bow")
 
-
-# ------------------------------------------------------------------------------------------------
-# Argument strings.
-# ------------------------------------------------------------------------------------------------
-
-def parse_arg(arg: str | None, positional=()) -> dict[str, str]:
-    """'listops,s4d,seeds=3' with positional ('task', 'model') -> {task, model, seeds}."""
-    out: dict[str, str] = {}
-    slots = list(positional)
-    for tok in (arg or "").split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        if "=" in tok:
-            k, v = tok.split("=", 1)
-            out[k.strip()] = v.strip()
-            if k.strip() in slots:
-                slots.remove(k.strip())
-        else:
-            while slots and slots[0] in out:
-                slots.pop(0)
-            if not slots:
-                raise ValueError(f"Too many positional values in config argument {arg!r} "
-                                 f"(positional slots: {tuple(positional)})")
-            out[slots.pop(0)] = tok
-    return out
-
-
-def format_arg(values: dict[str, Any]) -> str:
-    """Inverse of `parse_arg` (keyword form, so any file's positional order is irrelevant)."""
-    return ",".join(f"{k}={v}" for k, v in values.items() if v is not None)
-
-
-def load_module(path: str):
-    """Imports an experiment file by path (as ml_collections' config_flags does)."""
-    name = "spt_experiment_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"No experiment config at {path!r}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# ------------------------------------------------------------------------------------------------
-# Paper presets.
-# ------------------------------------------------------------------------------------------------
 
 def randinit_overrides(model: str) -> dict | None:
     """Model overrides of the random-SSM-init variant (`<model>-randinit`: the unstructured
@@ -220,8 +164,6 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
       scale: multiplies every stage's number of steps (e.g. 0.1 for a quick look).
       mlpinit_objective: stage 1 of the mlpinit regime: classify | masked.
     """
-    from sptlib.train import config as train_config  # deferred: pulls in the trainer's deps
-
     if task_name not in TASKS:
         raise ValueError(f"Unknown task {task_name!r}; known: {sorted(TASKS)}")
     task = TASKS[task_name]
@@ -285,87 +227,3 @@ def add_compare(config, *, models, regimes, seeds, data_fractions=(1.0,), length
     # Title of comparison.md.
     comp.title = title
     config.compare = comp
-
-
-def tiny(config, *, steps: int = 2, d_model: int = 16, n_layers: int = 1,
-         max_length: int = 64) -> ml_collections.ConfigDict:
-    """Shrinks a config in place for tests: sizes, steps, lengths, batch, mesh (keeps every choice
-    that selects code: mixer, pattern, encoder, attention kernel, remat, regime, objective)."""
-    with config.unlocked():
-        # Data parallelism over whatever devices the test has (paper meshes name a TPU slice).
-        config.mesh.update(data=-1, fsdp=1, tensor=1)
-        m = config.model
-        m.d_model, m.n_layers = d_model, max(n_layers, 2 if m.pattern == "gss_hybrid" else 1)
-        m.attention.n_heads = min(m.attention.n_heads, 2)
-        m.attention.window = min(m.attention.window, max_length // 2) if m.attention.window else 0
-        m.attention.chunk_size = min(m.attention.chunk_size, max_length)
-        for sub, key in (("s4", "d_state"), ("s4d", "d_state"), ("dss", "d_state"),
-                         ("dlr", "d_state"), ("s5", "d_state"), ("gss", "d_state")):
-            if sub in m and key in m[sub]:
-                m[sub][key] = min(m[sub][key], 8)
-        for name in config.stages:
-            s = config.stages[name]
-            s.num_steps = steps
-            s.batch_size = 4
-            s.eval_every = s.checkpoint_every = s.log_every = steps
-            s.eval_steps = 1
-            s.optim.warmup_steps = 0
-        d = config.data
-        d.max_length = max_length
-        if d.task in ("pathfinder", "pathx", "pathx256", "lines"):
-            d.resolution = 8 if max_length <= 64 else 16
-            d.max_length = 0
-    return config
-
-
-# ------------------------------------------------------------------------------------------------
-# Compute estimates (docs/reproducing.md).
-# ------------------------------------------------------------------------------------------------
-
-TPU_V4_PEAK_FLOPS = 275e12  # bf16 per chip
-DEFAULT_MFU = 0.3  # assumed utilisation; long-sequence models rarely do better
-
-
-def sequence_length(config) -> int:
-    d = config.data
-    if d.max_length:
-        return int(d.max_length)
-    res = d.resolution or {"pathfinder": 32, "pathx": 128, "pathx256": 256}.get(d.task, 0)
-    if d.task in ("pathfinder", "pathx", "pathx256"):
-        return int(res * res)
-    return {"listops": 2000, "text": 4096, "retrieval": 4000, "image": 1024, "scifar": 1024,
-            "speech_commands": 16000, "fashion_mnist": 784,
-            "lines": (d.resolution or 16) ** 2}.get(d.task, 1024)
-
-
-def estimate_flops(config, stage: str, num_params: int) -> dict:
-    """Training FLOPs of one stage: 6 · params · tokens for the dense layers, plus attention's
-    L² term (window-limited) or the SSMs' FFT convolutions.
-
-    Returns {flops, tokens, tpu_v4_hours (at DEFAULT_MFU), seq_len}.
-    """
-    st = config.stages[stage]
-    m = config.model
-    L = sequence_length(config)
-    docs = 2 if config.data.task == "retrieval" else 1
-    tokens = st.num_steps * st.batch_size * L * docs
-    flops = 6.0 * num_params * tokens
-    n_attn = 0
-    if m.mixer == "attention":
-        n_attn = m.n_layers
-    elif m.pattern == "gss_hybrid":
-        n_attn = len(range(1, m.n_layers, 4))
-    if st.get("bypass_mixers", False):
-        n_attn = 0  # mlpinit's stage 1: no mixer runs (num_params is then the per-token model's)
-    span = min(L, 2 * m.attention.window) if m.attention.window else L
-    # QK^T and AV: 2 matmuls × 2 FLOPs per MAC × span × d per token, ×3 for the backward pass.
-    flops += 3 * 4.0 * span * m.d_model * tokens * n_attn
-    n_ssm = m.n_layers - n_attn if m.mixer != "attention" else 0
-    n_ssm = 0 if st.get("bypass_mixers", False) else n_ssm
-    if n_ssm:
-        # rfft / irfft of length 2L per channel (~5 · 2L · log2 2L each, 3 transforms), ×3 bwd.
-        fft = 3 * 5.0 * 2 * math.log2(2 * L) * 3
-        width = m.d_model if m.mixer != "gss" else max(m.d_model // 4, 1)
-        flops += fft * width * tokens * n_ssm * (2 if not m.causal else 1)
-    hours = flops / (TPU_V4_PEAK_FLOPS * DEFAULT_MFU) / 3600.0
-    return {"flops": flops, "tokens": tokens, "tpu_v4_hours": hours, "seq_len": L}
