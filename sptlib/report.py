@@ -19,10 +19,10 @@ from etils import epath
 import numpy as np
 
 from sptlib import learning_curves, lmreport, stats
+from sptlib.configs.paper import REGIMES
 from sptlib.records import finished as _ok, group  # noqa: F401 (group: public here too)
 
 # Display order of regimes (unknown regimes follow in first-seen order).
-REGIME_ORDER = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
 # (SPT or other prior's regime, baseline regime) pairs whose difference is reported as a gain.
 GAINS = (("spt-masked", "scratch"), ("spt-causal", "scratch"),
          ("spt-masked", "scratch-equal-compute"), ("spt-causal", "scratch-equal-compute"),
@@ -50,7 +50,7 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
     fractions = sorted({k[0] for k in test} | {r.get("data_fraction", 1.0) for r in records},
                        reverse=True)
     models = _ordered((r["model"] for r in records))
-    regimes = _ordered((r["regime"] for r in records), REGIME_ORDER)
+    regimes = _ordered((r["regime"] for r in records), REGIMES)
     for frac in fractions:
         if len(fractions) > 1 or frac != 1.0:
             lines += [f"## Training data fraction {frac:g}", ""]
@@ -200,7 +200,7 @@ def plot_bars(records, path: str, confidence: float = 0.95, data_fraction: float
     plt = _pyplot()
     test = group(records, "test_accuracy")
     models = _ordered(r["model"] for r in records)
-    regimes = _ordered((r["regime"] for r in records), REGIME_ORDER)
+    regimes = _ordered((r["regime"] for r in records), REGIMES)
     width = 0.8 / max(len(regimes), 1)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(models) * max(len(regimes), 1) * 0.6), 4))
     x = np.arange(len(models))
@@ -235,7 +235,7 @@ def plot_curves(records, path: str, data_fraction: float = 1.0) -> str | None:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     models = _ordered(r["model"] for r in runs)
-    regimes = _ordered((r["regime"] for r in runs), REGIME_ORDER)
+    regimes = _ordered((r["regime"] for r in runs), REGIMES)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
     for (mi, m), (gi, g) in itertools.product(enumerate(models), enumerate(regimes)):

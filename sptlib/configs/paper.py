@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
+# The regimes every model can be judged under, in report order (here, JAX-free, so that the
+# report reads the same tuple the config builders check against).
+REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
+
 # Fields a `Recipe.pretrain` override may set: the stage's optimiser and budget (one model for
 # both stages, so that the pretrained backbone loads into the finetuning model).
 STAGE_FIELDS = ("batch_size", "lr", "weight_decay", "epochs", "warmup_steps", "schedule",

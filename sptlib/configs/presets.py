@@ -29,10 +29,9 @@ import ml_collections
 
 from sptlib import meshes
 from sptlib.configs import variants
-from sptlib.configs.paper import TASKS, Recipe, TaskSpec
+from sptlib.configs.paper import REGIMES, TASKS, Recipe, TaskSpec
 from sptlib.train import config as train_config
 
-REGIMES = ("scratch", "scratch-equal-compute", "spt-masked", "spt-causal", "mlpinit")
 MODELS = ("transformer", "transformer-causal", "s4", "s4d", "dss", "gss", "gss-hybrid", "dlr",
           "s5")
 ATTENTION_MODELS = ("transformer", "transformer-causal", "gss-hybrid")
