@@ -50,7 +50,7 @@ def attach(block, kernel_module):
     kernels were split out of the blocks.
     """
     nn.share_scope(block, kernel_module)
-    kernel_module._try_setup()
+    kernel_module.create_parameters()
 
 
 class SSMKernel(nn.Module):
@@ -64,6 +64,10 @@ class SSMKernel(nn.Module):
     # True where the output matrix of `diag` depends on `max_length` (a recurrent state then
     # carries it, since the step itself does not know the length).
     length_dependent_c = False
+
+    def create_parameters(self):
+        """Does nothing itself: Linen runs `setup`, which creates the parameters, before the
+        first method a module runs (`attach`)."""
 
     def _p(self, name, init, shape, axes):
         """A float32 parameter with logical axes `axes`, in the default optimiser group."""
