@@ -7,6 +7,9 @@ Every sequence mixer follows one contract (see docs/models.md):
 constructed as ``cls(d_model=..., causal=..., dropout=..., **config.model.<mixer name>)``.
 Mixers with a recurrence also offer ``initial_state(batch_size, max_length=None)`` and
 ``step(x_t[batch, features], state) -> (y_t[batch, features], state)``.
+
+The state-space mixers (`ssm`) and the GSS block (`gss`) compose the kernel modules of
+`ssm_kernels` (an SSM's parameters -> its kernel `[n_dir, channels, length]` and recurrence).
 """
 
 import importlib

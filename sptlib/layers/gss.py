@@ -10,12 +10,10 @@ A whole residual block (its own shortcut and LayerNorm), following the paper's p
 
 with the simplified DSS kernel K_k = Re sum_n C_n (exp(lambda_n) - 1)/lambda_n exp(k lambda_n)
 (dt fixed to 1), lambda = -exp(Lambda_re) + i exp(Lambda_im) shared by the H channels,
-N = d_state complex modes. F = expansion * E, H = d_ssm (0 -> E // 4).
-
-The pseudocode elides the initial ranges of log_initializer: we draw -Re lambda log-uniformly
-in [1e-3, 1e-1] and Im lambda log-uniformly in [1e-3, pi] (time scales of 10-1000 steps,
-frequencies below Nyquist). Lambda_re and Lambda_im are the "ssm" parameters (lr 1e-3, no
-weight decay, as in the paper); C, D and the dense layers are "default".
+N = d_state complex modes: `sptlib.layers.ssm_kernels.GSSKernel`, the DSS kernel module with
+GSS's parameterisation and initial ranges. F = expansion * E, H = d_ssm (0 -> E // 4).
+Lambda_re and Lambda_im are the "ssm" parameters (lr 1e-3, no weight decay, as in the paper);
+C, D and the dense layers are "default".
 
 Same call contract as the mixers: `block(x[batch, length, E], *, mask, deterministic)`;
 `causal=False` adds a second kernel (its own C) on the reversed sequence. Causal blocks offer
@@ -25,14 +23,11 @@ Same call contract as the mixers: `block(x[batch, length, E], *, mask, determini
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sptlib import kernels
-from sptlib.layers.initializers import boxed, log_uniform
-from sptlib.layers.param_groups import ssm_group
-from sptlib.layers.ssm_block import as_complex
+from sptlib.layers.initializers import boxed
+from sptlib.layers.ssm_kernels import GSSKernel, attach
 
 
 class GSSBlock(nn.Module):
@@ -70,29 +65,15 @@ class GSSBlock(nn.Module):
         self.dense_y = dense(f, (None, "mlp"), "dense_y")
         self.dense_o = dense(e, ("mlp", "embed"), "dense_o")
         self.ssm_norm = ln("ssm_norm")
-        # The "ssm" optimiser group (sptlib.layers.param_groups): lr 1e-3, no weight decay.
-        state_axes = ("ssm_state",)
-        self.Lambda_re = self.param("Lambda_re", ssm_group(log_uniform(1e-3, 1e-1), state_axes),
-                                    (n,), jnp.float32)
-        self.Lambda_im = self.param("Lambda_im", ssm_group(log_uniform(1e-3, np.pi), state_axes),
-                                    (n,), jnp.float32)
-        n_dir = 1 if self.causal else 2
-        # E|C|^2 = 1/N: the N modes add up rather than average.
-        c_init = lambda key, shape, dtype=jnp.float32: (  # noqa: E731
-            jax.random.normal(key, shape, dtype) / np.sqrt(2.0 * n))
-        self.C = self.param("C", boxed(c_init, (None, "ssm_channels", "ssm_state", None)),
-                            (n_dir, h, n, 2), jnp.float32)
+        self.ssm = GSSKernel(channels=h, d_state=n, n_dir=1 if self.causal else 2)
+        attach(self, self.ssm)  # its parameters before D, as when the block created them
         self.D = self.param("D", boxed(nn.initializers.ones, ("ssm_channels",)), (h,),
                             jnp.float32)
         self.drop = nn.Dropout(self.dropout)
 
-    def _lambda(self):
-        return jax.lax.complex(-jnp.exp(self.Lambda_re), jnp.exp(self.Lambda_im))
-
     def kernel(self, length):
         """`[n_dir, H, length]` simplified DSS kernels."""
-        c = as_complex(self.C)
-        return kernels.dss_kernel(self._lambda(), c, jnp.zeros((self._h,)), length, "exp")
+        return self.ssm.kernel(length)
 
     def _gelu(self, x):
         return nn.gelu(x, approximate=self.gelu_approximate)
@@ -113,7 +94,7 @@ class GSSBlock(nn.Module):
         v, u = self._pre(x)
         if mask is not None:
             u = jnp.where(mask[..., None], u, 0.0)  # pads never reach the convolution
-        y = kernels.ssm_conv(u, self.kernel(x.shape[1]), self.D, causal=self.causal)
+        y = kernels.ssm_conv(u, self.ssm.kernel(x.shape[1]), self.D, causal=self.causal)
         return self._post(y, v, x, deterministic)
 
     def _require_causal(self):
@@ -129,7 +110,6 @@ class GSSBlock(nn.Module):
         """x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""
         self._require_causal()
         v, u = self._pre(x_t)
-        c = as_complex(self.C[0])
-        dA, dB, c = kernels.dss_discretize(self._lambda(), c, jnp.zeros((self._h,)), None, "exp")
+        dA, dB, c = self.ssm.diag(None)
         y, x = kernels.diagonal_step(state["x"], u, dA, dB, c)
         return self._post(y + self.D * u, v, x_t, True), {"x": x}

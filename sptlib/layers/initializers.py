@@ -124,3 +124,43 @@ def random_diagonal_inits(modes):
         return jax.random.uniform(key, shape, dtype, 0.0, np.pi * modes)
 
     return a_re, a_im, complex_normal(1.0)
+
+
+def uniform(low, high):
+    """Initializer drawing uniformly from [low, high) (e.g. DLR's angles theta in [0, 2 pi))."""
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, low, high)
+    return init
+
+
+def sqrt_log_uniform(low, high):
+    """a with a^2 drawn log-uniformly from [low, high] (DLR: |lambda| = exp(-a^2))."""
+    def init(key, shape, dtype=jnp.float32):
+        return jnp.sqrt(jnp.exp(log_uniform(low, high)(key, shape, dtype)))
+    return init
+
+
+def normal_over_modes(modes):
+    """(re, im) pairs, each normal with variance 1/(2 modes), so E|C|^2 = 1/modes: the modes of
+    a GSS kernel add up rather than average."""
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.normal(key, shape, dtype) / np.sqrt(2.0 * modes)
+    return init
+
+
+def s5_eigenbasis(v, channels, state):
+    """S5's (B, C) initialisers: B = V^* B0 `[P/2, H, 2]`, C = C0 V `[n_dir, H, P/2, 2]` with B0
+    lecun-normal and C0 normal / sqrt(P), V `[P, P/2]` the eigenvectors of HiPPO-LegS's normal
+    part (P = `state`, H = `channels`)."""
+    vh = jnp.asarray(v.conj().T, jnp.complex64)  # [P/2, P]
+    v = jnp.asarray(v, jnp.complex64)
+
+    def b_init(key, shape, dtype=jnp.float32):
+        b = vh @ nn.initializers.lecun_normal()(key, (state, channels), jnp.float32)
+        return jnp.stack([b.real, b.imag], axis=-1).astype(dtype)
+
+    def c_init(key, shape, dtype=jnp.float32):
+        c = (jax.random.normal(key, (shape[0], channels, state)) / np.sqrt(state)) @ v
+        return jnp.stack([c.real, c.imag], axis=-1).astype(dtype)
+
+    return b_init, c_init

@@ -2,10 +2,11 @@
 
     y = SSM(x) + D * x  ->  GELU  ->  Dropout  ->  Dense(2 * d_model)  ->  GLU
 
-`SSMBlock` holds the block and the recurrent-form plumbing; a subclass supplies the SSM
-(`_setup_ssm`, `_ssm`, `_init_ssm_state`, `_ssm_step`). `ConvSSM` is the SSM computed as a long
-convolution whose kernel comes from `sptlib.kernels`, with a diagonal recurrence. Parameters of
-the "ssm" optimiser group are created with `_ssm_p` (`sptlib.layers.param_groups`).
+with `x, y: [batch, length, d_model]`. `SSMBlock` holds the block (D skip, GELU, dropout, GLU
+out-projection) and the recurrent-form plumbing; the SSM itself is a kernel module of
+`sptlib.layers.ssm_kernels` (its parameters in the block's scope, see `ssm_kernels.attach`),
+made by the subclass's `_kernel_module`. `ConvSSM` runs it as a long convolution with
+`kernel(length)` and steps its diagonal recurrence `diag(max_length)`.
 """
 
 from typing import Any
@@ -16,18 +17,14 @@ import jax.numpy as jnp
 
 from sptlib import kernels
 from sptlib.layers.initializers import boxed
-from sptlib.layers.param_groups import ssm_group
-
-
-def as_complex(p):
-    """Real `[..., 2]` parameter -> complex `[...]`."""
-    return jax.lax.complex(p[..., 0], p[..., 1])
+from sptlib.layers.ssm_kernels import attach
 
 
 class SSMBlock(nn.Module):
-    """Shared S4 block: subclasses define the SSM (`_setup_ssm`, `_ssm`, `_init_ssm_state`,
-    `_ssm_step`). Fields common to every mixer: d_model, causal, dropout, d_state, dt_min,
-    dt_max, gelu_approximate (tanh GELU, faster on CPU), dtype (of the output projection)."""
+    """Shared S4 block: subclasses make the kernel module (`_kernel_module`) and run it (`_ssm`,
+    `_init_ssm_state`, `_ssm_step`). Fields common to every mixer: d_model, causal, dropout,
+    d_state, dt_min, dt_max, gelu_approximate (tanh GELU, faster on CPU), dtype (of the output
+    projection)."""
     d_model: int
     causal: bool = False
     dropout: float = 0.0
@@ -41,18 +38,12 @@ class SSMBlock(nn.Module):
     def n_dir(self):
         return 1 if self.causal else 2
 
-    def _p(self, name, init, shape, axes):
-        """A float32 parameter with logical axes `axes`, in the default optimiser group."""
-        return self.param(name, boxed(init, axes), shape, jnp.float32)
-
-    def _ssm_p(self, name, init, shape, axes):
-        """A float32 parameter of the "ssm" optimiser group (own learning rate, no weight
-        decay; `sptlib.layers.param_groups`)."""
-        return self.param(name, ssm_group(init, axes), shape, jnp.float32)
-
     def setup(self):
-        self._setup_ssm()
-        self.D = self._p("D", nn.initializers.normal(1.0), (self.d_model,), ("ssm_channels",))
+        self.ssm = self._kernel_module(channels=self.d_model, d_state=self.d_state,
+                                       n_dir=self.n_dir, dt_min=self.dt_min, dt_max=self.dt_max)
+        attach(self, self.ssm)  # the SSM's parameters first, then D and out_proj, as always
+        self.D = self.param("D", boxed(nn.initializers.normal(1.0), ("ssm_channels",)),
+                            (self.d_model,), jnp.float32)
         self.out_proj = nn.Dense(
             2 * self.d_model, dtype=self.dtype,
             kernel_init=boxed(nn.initializers.lecun_normal(), ("embed", "mlp")),
@@ -61,7 +52,9 @@ class SSMBlock(nn.Module):
         self.drop = nn.Dropout(self.dropout)
 
     # -- subclass interface ---------------------------------------------------------------------
-    def _setup_ssm(self):
+    def _kernel_module(self, **common):
+        """The `sptlib.layers.ssm_kernels` module of this mixer, from the `common` fields
+        (channels, d_state, n_dir, dt_min, dt_max) and the mixer's own options."""
         raise NotImplementedError
 
     def _ssm(self, x):
@@ -112,33 +105,29 @@ class SSMBlock(nn.Module):
 
 
 class ConvSSM(SSMBlock):
-    """A block whose SSM is a long convolution with kernel `kernel(length) -> [n_dir, H, L]`
-    and whose recurrence is diagonal: `_diag(max_length) -> (dA, dB, C)` with
+    """A block whose SSM is a long convolution with the kernel module's `kernel(length) ->
+    [n_dir, H, L]` and whose recurrence is its diagonal `diag(max_length) -> (dA, dB, C)`:
     x_t = dA x_{t-1} + dB u_t, y_t = Re sum_n C_n x_t,n."""
 
     def kernel(self, length):
-        raise NotImplementedError
+        """`[n_dir, d_model, length]` convolution kernels (of the kernel module)."""
+        return self.ssm.kernel(length)
 
     def _ssm(self, x):
-        return kernels.ssm_conv(x, self.kernel(x.shape[1]), self.D, causal=self.causal)
-
-    # Output matrices depending on the length are carried in the state.
-    _length_dependent_c = False
-
-    def _diag(self, max_length):
-        raise NotImplementedError
+        return kernels.ssm_conv(x, self.ssm.kernel(x.shape[1]), self.D, causal=self.causal)
 
     def _init_ssm_state(self, batch_size, max_length):
-        _, _, c = self._diag(max_length)
+        _, _, c = self.ssm.diag(max_length)
         state = {"x": jnp.zeros((batch_size,) + c.shape, jnp.complex64)}
-        if self._length_dependent_c:
+        if self.ssm.length_dependent_c:
+            # the step does not know the length: the state carries the output matrix
             state["C"] = jnp.broadcast_to(c, (batch_size,) + c.shape)
         return state
 
     def _ssm_step(self, x_t, state):
         # (a length-dependent C comes from the state; the length passed here is then unused)
-        dA, dB, c = self._diag(1)
-        if self._length_dependent_c:
+        dA, dB, c = self.ssm.diag(1)
+        if self.ssm.length_dependent_c:
             c = state["C"]
         y, x = kernels.diagonal_step(state["x"], x_t, dA, dB, c)
         return y, dict(state, x=x)
