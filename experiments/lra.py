@@ -48,7 +48,7 @@ Paper numbers to expect (test accuracy; Amos et al. 2024 Table 1, S4 paper, LRA 
     DLR vs S4 (ListOps, Text, Image, PathX mean): DLR ~77 -> 83.4, S4 ~83 -> 84.5 with SPT.
 """
 
-from sptlib.configs import common, local, paper, presets
+from sptlib.configs import common, local, paper, presets, variants
 
 POSITIONAL = ("task", "model", "regime")
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "pathx256")
@@ -62,7 +62,7 @@ GRIDS = {
     "priors": (("transformer", "s4d"), ("scratch", "spt-masked", "mlpinit")),
 }
 # The bag-of-words control joins every grid (it runs under scratch only).
-CONTROLS = ("bow",)
+CONTROLS = variants.CONTROLS
 
 # listops-cpu: generated ListOps, 16 < length < 64 source tokens, sized for minutes per run on a
 # CPU. Measured with both grids running together on a shared 2-core machine (load 6-11): wide

@@ -104,7 +104,7 @@ def test_reader_release_format_and_empty_png(tmp_path):
 
 
 @pytest.mark.parametrize("kind,needle", [
-    ("missing", "does not exist"), ("label", "is not 0 or 1"), ("fields", "expected at least 4")])
+    ("missing", "does not exist"), ("label", "outside 0..1"), ("fields", "expected at least 4")])
 def test_bad_metadata_names_file_and_line(tmp_path, kind, needle):
     folder = tmp_path / "pf"
     write_release(folder, [(0, 0, 1, "png"), (0, 1, 0, "png")])

@@ -20,7 +20,7 @@ import numpy as np
 
 from sptlib.data import sources, tokenizers
 from sptlib.data.defaults import sequence_length, task_info
-from sptlib.data.errors import DataError, located
+from sptlib.data.errors import DataError, int_label, located
 from sptlib.data.release import check_count, write_atomically
 from sptlib.data.task import Task, check_tokens, missing_lra_error, register
 from sptlib.errors import ConfigError
@@ -188,12 +188,7 @@ def read_split(path):
             if len(cols) != 2:
                 raise located(path, lineno, f"expected 2 tab-separated columns (Source, Target), "
                                             f"got {len(cols)}")
-            try:
-                label = int(cols[1])
-            except ValueError:
-                raise located(path, lineno, f"label {cols[1]!r} is not an integer") from None
-            if not 0 <= label <= 9:
-                raise located(path, lineno, f"label {label} outside 0..9")
+            label = int_label(cols[1], path, lineno, 10)
             try:
                 tokens.append(tokenizers.listops_tokens(cols[0]))
             except KeyError as e:

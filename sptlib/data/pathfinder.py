@@ -25,7 +25,7 @@ import numpy as np
 
 from sptlib.data import sources
 from sptlib.data.defaults import resolution as task_resolution, task_info
-from sptlib.data.errors import DataError, located
+from sptlib.data.errors import DataError, int_label, located
 from sptlib.data.release import check_count, write_atomically
 from sptlib.data.task import Task, missing_lra_error, register
 from sptlib.errors import ConfigError
@@ -242,12 +242,7 @@ def read_index(folder):
                 if len(cols) < 4:
                     raise located(meta, lineno, f"expected at least 4 fields "
                                                 f"(folder file index label), got {len(cols)}")
-                try:
-                    label = int(cols[3])
-                except ValueError:
-                    raise located(meta, lineno, f"label {cols[3]!r} is not an integer") from None
-                if label not in (0, 1):
-                    raise located(meta, lineno, f"label {label} is not 0 or 1")
+                label = int_label(cols[3], meta, lineno, 2)
                 path = os.path.join(folder, cols[0], cols[1])
                 try:
                     size = os.path.getsize(path)

@@ -209,14 +209,7 @@ def make_train_step(model, objective, optimizer, mesh, state_shardings, rules, *
                      out_shardings=(state_shardings, repl), donate_argnums=(0,),
                      compiler_options=compiler_options)
 
-    def train_step(state, batch):
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-            return jitted(state, batch)
-
-    train_step.jitted = jitted
-    train_step.lower = _in_context(jitted.lower, mesh, rules)
-    train_step.trace = _in_context(jitted.trace, mesh, rules)
-    return train_step
+    return _callable_in_context(jitted, mesh, rules)
 
 
 def make_eval_step(model, objective, mesh, state_shardings, rules, *, compiler_options=None):
@@ -238,14 +231,17 @@ def make_eval_step(model, objective, mesh, state_shardings, rules, *, compiler_o
     jitted = jax.jit(step, in_shardings=(state_shardings, data_sharding), out_shardings=repl,
                      compiler_options=compiler_options)
 
-    def eval_step(state, batch):
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-            return jitted(state, batch)
+    return _callable_in_context(jitted, mesh, rules)
 
-    eval_step.jitted = jitted
-    eval_step.lower = _in_context(jitted.lower, mesh, rules)
-    eval_step.trace = _in_context(jitted.trace, mesh, rules)
-    return eval_step
+
+def _callable_in_context(jitted, mesh, rules):
+    """`(state, batch) -> jitted(state, batch)` under the step's mesh and logical rules, with
+    `.jitted`, `.lower` and `.trace` (see `_in_context`) attached."""
+    call = _in_context(jitted, mesh, rules)
+    call.jitted = jitted
+    call.lower = _in_context(jitted.lower, mesh, rules)
+    call.trace = _in_context(jitted.trace, mesh, rules)
+    return call
 
 
 def _in_context(method, mesh, rules):
