@@ -22,7 +22,6 @@ from sptlib import learning_curves, lmreport, stats
 from sptlib.configs.paper import REGIMES
 from sptlib.records import finished as _ok, group  # noqa: F401 (group: public here too)
 
-# Display order of regimes (unknown regimes follow in first-seen order).
 # (SPT or other prior's regime, baseline regime) pairs whose difference is reported as a gain.
 GAINS = (("spt-masked", "scratch"), ("spt-causal", "scratch"),
          ("spt-masked", "scratch-equal-compute"), ("spt-causal", "scratch-equal-compute"),
