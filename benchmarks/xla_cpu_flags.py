@@ -48,11 +48,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--core", type=int, default=None)
+    ap.add_argument("--flags", action="append", default=None,
+                    help="XLA_FLAGS value to time (repeatable; default: the built-in list)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
         return one(a.rounds)
-    for f in FLAGS:
+    for f in a.flags if a.flags is not None else FLAGS:
         cmd = [sys.executable, __file__, "--one", "--rounds", str(a.rounds)]
         if a.core is not None:
             cmd = ["taskset", "-c", str(a.core)] + cmd

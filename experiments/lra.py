@@ -32,8 +32,8 @@ TFDS (`imdb_reviews` for Text, `cifar10` for Image); see docs/reproducing.md.
 Sizes, optimisers, budgets and mask rates follow the authors' released configs, pretraining and
 finetuning files each (`sptlib/configs/paper.py`; checked field by field in
 tests/test_config_fidelity.py; deviations in docs/reproducing.md). Each config names its target
-TPU slice (`config.aot.slice`: v4-8, v4-16 for PathX, v4-32 for PathX-256) and mesh; the PathX
-and PathX-256 Transformers use local attention (windows 4,096 / 8,192) and the long-sequence
+TPU slice (`config.aot.slice`: v4-8, v4-16 for PathX, v4-32 for PathX-256's S4, v4-64 for its
+Transformer) and mesh; the PathX and PathX-256 Transformers use local attention (windows 4,096 / 8,192) and the long-sequence
 tasks rematerialise each layer.
 
 Paper numbers to expect (test accuracy; Amos et al. 2024 Table 1, S4 paper, LRA paper):

@@ -20,6 +20,7 @@ it with `pip install -e '.[tpu]'`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import importlib.util
 import json
@@ -46,6 +47,14 @@ PAPER_GRID = (("lra.py", ("listops", "text", "retrieval", "image", "pathfinder",
               ("scifar.py", (None,)), ("speech_commands.py", (None,)))
 PAPER_MODELS = ("transformer", "s4")
 PAPER_REGIME = "spt-masked"  # pretrain + finetune; scratch compiles to the finetune step
+# XLA's execution-time optimisation effort for these compiles (-1..1; 0 is what the pod's own
+# compile uses). At -1 libtpu skips most of its search for fast code, which is what makes long
+# FFT convolutions slow to compile on a CPU host (one [4, 16384, 256] convolution's forward and
+# backward: 16 s instead of ~190 s). It fuses less, so at paper sizes it plans *more* memory
+# than effort 0 (ListOps Transformer pretrain 23.1 vs 18.1 GiB per chip; docs/reproducing.md):
+# a fit it reports holds on the pod, and `--effort=0` gives the pod's own plan.
+FAST_EFFORT = -1.0
+
 
 def define_flags():
     """Defines the CLI's flags. Called by the entry point only: `sptlib.main` and
@@ -64,6 +73,13 @@ def define_flags():
     flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
     flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
     flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
+    flags.DEFINE_integer("jobs", 0, "Stages compiled at once (threads); 0: one per core of "
+                         "this process's CPU set.")
+    flags.DEFINE_float("effort", FAST_EFFORT, "XLA's execution-time optimisation effort for "
+                       "these compiles, -1..1 (jax_exec_time_optimization_effort; a pod's own "
+                       "compile uses 0). -1 compiles long convolutions ~10x faster here and "
+                       "plans more memory than 0 at paper sizes, so its fits are conservative "
+                       "(docs/reproducing.md).")
 
 
 class DoesNotFit(Exception):
@@ -86,7 +102,7 @@ def _gib(n):
     return n / topologies.GIB
 
 
-def _advice(config, stage_name, spec, mesh_batch):
+def _advice(config, stage_name, spec, mesh_batch, effort=0.0):
     """What to change when a stage does not fit (one clause per applicable fix)."""
     m, fixes, stage = config.model, [], config.stages[stage_name]
     uses_attention = m.mixer == "attention" or m.pattern == "gss_hybrid"
@@ -100,6 +116,9 @@ def _advice(config, stage_name, spec, mesh_batch):
         fixes.append(f"a smaller per-chip batch (now {per_chip}: "
                      f"stages.{stage_name}.batch_size)")
     fixes.append(f"a larger slice than {spec.name} (--topology / config.aot.slice)")
+    if effort < 0:
+        fixes.append(f"or check with --effort=0 (the pod's own compile; --effort={effort:g} "
+                     "plans more memory)")
     return "; ".join(fixes)
 
 
@@ -134,7 +153,7 @@ def _on_slice(config):
     return config
 
 
-def compile_stage(name, config, stage_name, spec, devices, mfu):
+def compile_stage(name, config, stage_name, spec, devices, mfu, effort=FAST_EFFORT):
     """The record of one stage (see the module docstring); raises DoesNotFit."""
     stage = config.stages[stage_name]
     where = f"{name} stage {stage_name} on {spec.name}"
@@ -161,7 +180,8 @@ def compile_stage(name, config, stage_name, spec, devices, mfu):
     for kind, step, batch in (("train", built.train_step, built.example_batch),
                               ("eval", built.eval_step, eval_batch)):
         try:
-            compiled = step.lower(built.state, batch).compile()
+            compiled = step.lower(built.state, batch).compile(
+                compiler_options={"exec_time_optimization_effort": float(effort)})
         except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error
             msg = str(e)
             if "RESOURCE_EXHAUSTED" not in msg and "Ran out of memory" not in msg:
@@ -170,7 +190,8 @@ def compile_stage(name, config, stage_name, spec, devices, mfu):
             raise DoesNotFit(
                 f"{where}: the {kind} step needs {_xla_bytes(need)} "
                 f"per chip, more than the {_gib(spec.hbm_bytes):.0f} GiB HBM of a "
-                f"{spec.generation} chip; use {_advice(config, stage_name, spec, mesh_batch)}") \
+                f"{spec.generation} chip; use "
+                f"{_advice(config, stage_name, spec, mesh_batch, effort)}") \
                 from None
         mem = _memory(compiled)
         if kind == "train":
@@ -184,13 +205,14 @@ def compile_stage(name, config, stage_name, spec, devices, mfu):
     rec["chip_hours"] = (rec["steps"] * rec["flops_per_step"]
                          / (spec.peak_flops * mfu) / 3600.0)
     rec["mfu"] = mfu
+    rec["effort"] = float(effort)
     worst = max(rec["total_bytes"], rec["eval_total_bytes"])
     rec["fits"] = worst <= spec.hbm_bytes
     if not rec["fits"]:
         raise DoesNotFit(
             f"{where}: {_gib(worst):.1f} GiB per chip (arguments {_gib(rec['argument_bytes']):.1f},"
             f" temporaries {_gib(rec['temp_bytes']):.1f}) > {_gib(spec.hbm_bytes):.0f} GiB HBM; "
-            f"use {_advice(config, stage_name, spec, mesh_batch)}")
+            f"use {_advice(config, stage_name, spec, mesh_batch, effort)}")
     return rec
 
 
@@ -219,13 +241,16 @@ def markdown(records, mfu) -> str:
     return "\n".join(lines)
 
 
-def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None,
-        on_record=None):
+def run(configs, *, topology="", stage_only="", mfu=0.4, effort=FAST_EFFORT, jobs=1,
+        emit=print, warn=None, on_record=None):
     """Compiles every stage of every `(name, config)`; returns (records, failure lines).
+
+    `jobs` stages compile at once, in threads (XLA compiles without holding the GIL, so two
+    threads use two cores); records and output keep the grid's order whatever finishes first.
     `on_record(records)` is called after each stage (a long sweep keeps what it has)."""
     warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
-    records, failures, device_cache = [], [], {}
-    for name, config in configs:
+    failures, device_cache, tasks = [], {}, []
+    for name, config in configs:  # every name, slice and stage is checked before compiling
         slice_name = topology or config.aot.slice
         if not slice_name:
             failures.append(f"{name}: no TPU slice: pass --topology or set config.aot.slice")
@@ -240,14 +265,26 @@ def run(configs, *, topology="", stage_only="", mfu=0.4, emit=print, warn=None,
             if stage_name not in config.stages:
                 raise ValueError(f"{name}: no stage {stage_name!r}; stages: "
                                  f"{sorted(config.stages)}")
-            try:
-                rec = compile_stage(name, config, stage_name, spec, device_cache[spec.name], mfu)
+            tasks.append((name, config, stage_name, spec))
+
+    def one(task):
+        name, config, stage_name, spec = task
+        try:
+            return compile_stage(name, config, stage_name, spec, device_cache[spec.name], mfu,
+                                 effort)
+        except DoesNotFit as e:
+            return {"config": name, "stage": stage_name, "slice": spec.name, "error": str(e),
+                    "fits": False}
+
+    records = []
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        for future in [pool.submit(one, t) for t in tasks]:
+            rec = future.result()
+            if "error" in rec:
+                failures.append(rec["error"])
+                warn(rec["error"])
+            else:
                 emit(format_row(rec))
-            except DoesNotFit as e:
-                rec = {"config": name, "stage": stage_name, "slice": spec.name,
-                       "error": str(e), "fits": False}
-                failures.append(str(e))
-                warn(str(e))
             records.append(rec)
             if on_record:
                 on_record(records)
@@ -274,7 +311,9 @@ def main(argv):
         if FLAGS.topology:
             topologies.slice_spec(FLAGS.topology)  # a bad name fails before any compile
         records, failures = run(configs, topology=FLAGS.topology, stage_only=FLAGS.stage,
-                                mfu=FLAGS.mfu, on_record=_write_json if FLAGS.json else None)
+                                mfu=FLAGS.mfu, effort=FLAGS.effort,
+                                jobs=FLAGS.jobs or len(os.sched_getaffinity(0)),
+                                on_record=_write_json if FLAGS.json else None)
     except ValueError as e:
         print(f"sptlib.aot: {e}", file=sys.stderr)
         sys.exit(1)

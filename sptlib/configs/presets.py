@@ -186,7 +186,7 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
                      finetune_steps=scaled["finetune"],
                      pretrain_batch_ratio=recipe.stage("pretrain").batch_size / recipe.batch_size,
                      mlpinit_objective=mlpinit_objective)
-        set_slice(c, task.slice, [recipe.stage(n).batch_size for n in ("pretrain", "finetune")])
+        set_slice(c, recipe.slice or task.slice, [recipe.stage(n).batch_size for n in ("pretrain", "finetune")])
         add_compare(c, models=("transformer", "s4"), regimes=("scratch", "spt-masked"),
                     seeds=(0, 1, 2), title=f"{task_name}: {model}, paper sizes")
     c.lock()
