@@ -40,8 +40,10 @@ def test_quiet_library_logs_drops_startup_chatter_but_keeps_ours():
         # libtpu installed on a machine without TPUs: JAX would start it on every run.
         assert "tpu plugin loaded: True" in loud_run.stdout
         assert "tpu plugin loaded: False" in quiet_run.stdout
-    # The chatter is really there without the filter (so the test can fail) ...
-    assert sum(c in loud for c in _CHATTER) >= 2, loud
+    # The chatter is really there without the filter (so the test can fail) ... Which lines
+    # appear varies: once libtpu has started absl logging, TensorFlow skips its InitializeLog
+    # warning, so at least one, not every one.
+    assert any(c in loud for c in _CHATTER), loud
     # ... and gone with it, while our own INFO line still shows.
     assert not [c for c in _CHATTER if c in quiet], quiet
     assert "our own line" in quiet
