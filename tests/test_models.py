@@ -131,6 +131,35 @@ def test_scan_equals_python_loop():
                                loop.apply({"params": p}, x, mask), atol=1e-5)
 
 
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_scan_unroll_keeps_parameters_and_random_streams(unroll):
+    """`scan_unroll` only changes the loop: the same init (bitwise), the same training-mode
+    outputs (dropout on, same key) and the same gradients as the rolled scan."""
+    x = _tokens(2, 32)
+    mask = jnp.arange(32)[None] < jnp.array([[32], [20]])
+    kw = dict(n_layers=3, scan_layers=True, dropout=0.3)
+    rolled = build_model(_cfg(**kw), {"kind": "token_logits"})
+    unrolled = build_model(_cfg(scan_unroll=unroll, **kw), {"kind": "token_logits"})
+    p = flax.core.meta.unbox(rolled.init(jax.random.PRNGKey(0), x, mask))["params"]
+    p_u = flax.core.meta.unbox(unrolled.init(jax.random.PRNGKey(0), x, mask))["params"]
+    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(p_u), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    def loss(model, params):
+        y = model.apply({"params": params}, x, mask, deterministic=False,
+                        rngs={"dropout": jax.random.PRNGKey(3)})
+        return jnp.mean(jnp.square(y))
+    l_r, g_r = jax.value_and_grad(lambda q: loss(rolled, q))(p)
+    l_u, g_u = jax.value_and_grad(lambda q: loss(unrolled, q))(p)
+    np.testing.assert_allclose(l_u, l_r, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_r), jax.tree.leaves(g_u), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    # ... and the loop really is unrolled (3 layers: unroll 3 is the whole stack)
+    scans = [e for e in jax.make_jaxpr(lambda q: loss(unrolled, q))(p).jaxpr.eqns
+             if e.primitive.name == "scan"]
+    assert [e.params["unroll"] for e in scans] == [unroll]
+
+
 # -- padding ------------------------------------------------------------------------------------
 
 def _padding_case(c, heads, train=False):
@@ -306,3 +335,9 @@ def test_print_paper_size_param_counts(capsys):
         plain = c.copy_and_resolve_references()
         plain.attention.impl = "plain"
         assert _count(plain, head) == _count(c, head)
+
+
+def test_scan_unroll_rejects_a_non_positive_count():
+    with pytest.raises(ValueError, match="model.scan_unroll must be an integer >= 1, got 0"):
+        build_model(_cfg(scan_layers=True, scan_unroll=0), {"kind": "token_logits"}).init(
+            jax.random.PRNGKey(0), _tokens(1, 8), None)

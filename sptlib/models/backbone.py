@@ -98,22 +98,31 @@ class Backbone(nn.Module):
         `layers` axis, logical name ``layers``).
       remat: rematerialise each layer in the backward pass.
       bypass_mixers: every mixer outputs zeros (a per-token network; see the module docstring).
+      scan_unroll: layers per iteration of the scanned loop (`lax.scan`'s `unroll`; the
+        parameters, their layout and the random streams do not change with it). On XLA:CPU a
+        fully unrolled 2-layer Transformer step is ~1.1x faster: the loop's stacked residual
+        buffers are zero-filled every step and its loop-invariant mask broadcasts are hoisted
+        and materialised at `[batch, heads, length, length]`.
     """
     layers: Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...]
     config: BlockConfig
     scan_layers: bool = True
     remat: bool = False
     bypass_mixers: bool = False
+    scan_unroll: int = 1
 
     @nn.compact
     def __call__(self, x, mask=None, *, deterministic=True):
         x = _constrain(x)
+        if not isinstance(self.scan_unroll, int) or self.scan_unroll < 1:
+            raise ValueError(f"model.scan_unroll must be an integer >= 1, got {self.scan_unroll!r}")
         identical = len(set(self.layers)) == 1
         if self.scan_layers and identical and len(self.layers) > 1:
             cls = nn.remat(_ScanLayer, prevent_cse=False) if self.remat else _ScanLayer
             scanned = nn.scan(cls, variable_axes={"params": 0, "batch_stats": 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=nn.broadcast, length=len(self.layers),
+                              unroll=min(self.scan_unroll, len(self.layers)),
                               metadata_params={nn.PARTITION_NAME: "layers"})
             mixer, options = self.layers[0]
             x, _ = scanned(mixer, options, self.config, self.bypass_mixers, deterministic,

@@ -43,6 +43,9 @@ def model_config():
     c.pooling = "mean"
     # Stack identical layers with nn.scan (parameters get a leading `layers` axis) / remat each layer.
     c.scan_layers = True
+    # Layers per iteration of that loop (lax.scan `unroll`): n_layers unrolls it fully, with
+    # the same parameters; faster on CPU for shallow stacks (sptlib.models.backbone).
+    c.scan_unroll = 1
     c.remat = False
     # Compute dtype of encoder, attention, FFN and norms: float32 | bfloat16 (params stay float32).
     c.dtype = "float32"
