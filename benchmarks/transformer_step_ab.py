@@ -1,12 +1,14 @@
 """The quickstart-size Transformer train step: sptlib with and without `nn.scan`, plain Flax, torch.
 
-    python benchmarks/transformer_step_ab.py [default,noscan,flax,torch]   # torch: optional
+    python benchmarks/transformer_step_ab.py [rolled,default,noscan,flax,torch]   # torch: optional
 
 sptlib's engine step of `sptlib.bench.peers.TRANSFORMER_CONFIG` (batch 32 x 256 tokens, 2 x 64,
-AdamW) as built by `sptlib.bench.train_step.prepare`, once as configured and once with
-`model.scan_layers=False`; the plain Flax Linen floor and `nn.TransformerEncoder`
-(`benchmarks/peers/`). Interleaved (A, B, C, D, A, ...), 3 warm-up steps each, `ROUNDS` (15)
-rounds, medians. Results: docs/benchmarks.md.
+AdamW) as built by `sptlib.bench.train_step.prepare`: as configured (`default`: the local
+configs unroll the scanned layer loop, `model.scan_unroll = n_layers`), with the loop rolled
+(`rolled`: `model.scan_unroll=1`, the library default) and with `model.scan_layers=False`
+(`noscan`: named layers, other parameter paths); the plain Flax Linen floor and
+`nn.TransformerEncoder` (`benchmarks/peers/`). Interleaved (A, B, C, D, A, ...), 3 warm-up steps each, `ROUNDS` (15)
+rounds, medians. Results: docs/performance_notes.md.
 """
 
 import os
@@ -48,6 +50,8 @@ def sptlib_step(overrides):
 def make(name):
     if name == "default":
         return sptlib_step({})
+    if name == "rolled":
+        return sptlib_step({"model.scan_unroll": 1})
     if name == "noscan":
         return sptlib_step({"model.scan_layers": False})
     if name == "flax":
@@ -57,7 +61,7 @@ def make(name):
     if name == "torch":
         from benchmarks.peers import torch_transformer
         return torch_transformer.make_step(256, 32)
-    raise SystemExit(f"unknown variant {name!r}; known: default, noscan, flax, torch")
+    raise SystemExit(f"unknown variant {name!r}; known: rolled, default, noscan, flax, torch")
 
 
 def main(names):
@@ -79,4 +83,4 @@ def main(names):
 
 
 if __name__ == "__main__":
-    main((sys.argv[1] if len(sys.argv) > 1 else "default,noscan,flax,torch").split(","))
+    main((sys.argv[1] if len(sys.argv) > 1 else "rolled,default,noscan,flax,torch").split(","))
