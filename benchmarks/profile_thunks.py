@@ -37,25 +37,9 @@ SKIP = ("$", "ThunkExecutor", "PjitFunction", "SlinkyThreadPool")
 
 
 def transformer_step(overrides):
-    from sptlib.bench import peers
+    from benchmarks.transformer_step_ab import prepare
     from sptlib.bench import train_step as bt
-    orig = bt.load_config
-
-    def load(spec):
-        c = orig(spec)
-        with c.unlocked():
-            for key, value in overrides.items():
-                *path, last = key.split(".")
-                node = c
-                for p in path:
-                    node = node[p]
-                node[last] = value
-        return c
-    bt.load_config = load
-    try:
-        p = bt.prepare(peers.TRANSFORMER_CONFIG, max_tokens=32 * 256)
-    finally:
-        bt.load_config = orig
+    p = prepare(overrides)
     b = p["built"]
     hlo = b.train_step.lower(b.state, p["gbatch"]).compile().as_text()
     return bt.step_closure(p), hlo

@@ -25,7 +25,8 @@ from sptlib.bench import train_step as bt  # noqa: E402
 TOKENS = 32 * 256
 
 
-def sptlib_step(overrides):
+def prepare(overrides):
+    """`sptlib.bench.train_step.prepare` of the peer config with `dotted.key: value` overrides."""
     orig = bt.load_config
 
     def load(spec):
@@ -43,7 +44,11 @@ def sptlib_step(overrides):
         p = bt.prepare(peers.TRANSFORMER_CONFIG, max_tokens=TOKENS)
     finally:
         bt.load_config = orig
-    step = bt.step_closure(p)
+    return p
+
+
+def sptlib_step(overrides):
+    step = bt.step_closure(prepare(overrides))
     return lambda: jax.block_until_ready(step())
 
 

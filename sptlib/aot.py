@@ -34,7 +34,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from sptlib import data as data_lib
-from sptlib import meshes, topologies
+from sptlib import compare_jobs, meshes, topologies
 from sptlib.configs import common
 from sptlib.train import flops, setup
 
@@ -312,7 +312,7 @@ def main(argv):
             topologies.slice_spec(FLAGS.topology)  # a bad name fails before any compile
         records, failures = run(configs, topology=FLAGS.topology, stage_only=FLAGS.stage,
                                 mfu=FLAGS.mfu, effort=FLAGS.effort,
-                                jobs=FLAGS.jobs or _cores(),
+                                jobs=FLAGS.jobs or len(compare_jobs.usable_cores()),
                                 on_record=_write_json if FLAGS.json else None)
     except ValueError as e:
         print(f"sptlib.aot: {e}", file=sys.stderr)
@@ -320,13 +320,6 @@ def main(argv):
     if FLAGS.markdown:
         print(markdown(records, FLAGS.mfu))
     sys.exit(1 if failures else 0)
-
-
-def _cores() -> int:
-    """Cores this process may use (all of them where the OS cannot say: macOS)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _write_json(records):

@@ -46,7 +46,7 @@ def shard_specs(specs: Sequence, shard: tuple[int, int] | None) -> list:
     return [s for k, s in enumerate(specs) if k % n == i]
 
 
-def _cores() -> list[int]:
+def usable_cores() -> list[int]:
     """This process's usable cores (all of them where the OS cannot say: macOS)."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
@@ -69,13 +69,13 @@ def resolve_jobs(jobs: int, num_runs: int, *, backend: Callable[[], str] = _defa
         raise errors.ConfigError(f"--jobs={jobs} / config.compare.jobs: must be >= 0 "
                                  f"(0 = one process per CPU core)")
     if jobs == 0:
-        jobs = len(_cores()) if num_runs > 1 and backend() == "cpu" else 1
+        jobs = len(usable_cores()) if num_runs > 1 and backend() == "cpu" else 1
     return max(1, min(jobs, num_runs))
 
 
 def core_sets(jobs: int, cores: Sequence[int] | None = None) -> list[set[int] | None]:
     """Disjoint core sets, one per job (None = unpinned when there are fewer cores than jobs)."""
-    cores = sorted(_cores() if cores is None else cores)
+    cores = sorted(usable_cores() if cores is None else cores)
     if len(cores) < jobs or not hasattr(os, "sched_setaffinity"):
         return [None] * jobs
     per = len(cores) // jobs

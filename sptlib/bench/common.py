@@ -25,6 +25,8 @@ import time
 import jax
 import numpy as np
 
+from sptlib import compare_jobs
+
 # Where records go besides stdout (the CLI collects them for --markdown).
 _SINKS = []
 
@@ -170,10 +172,7 @@ def cpu_model():
 
 
 def num_cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return len(compare_jobs.usable_cores())
 
 
 def machine_info():
