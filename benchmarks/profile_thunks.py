@@ -122,7 +122,7 @@ def main():
     for name, t in by_part.most_common():
         print(f"{t / STEPS / 1e3:9.2f} ms  {100 * t / total:5.1f}%  {name}")
     print("# largest thunks")
-    for (thunk, prim), t in by_thunk.most_common(12):
+    for (thunk, prim), t in by_thunk.most_common(int(os.environ.get("TOP", "12"))):
         print(f"{t / STEPS / 1e3:9.2f} ms  {thunk}  ({prim})")
 
 

@@ -57,6 +57,8 @@ def make(name):
         return sptlib_step({})
     if name == "rolled":
         return sptlib_step({"model.scan_unroll": 1})
+    if name == "plainattn":
+        return sptlib_step({"model.attention.impl": "plain"})
     if name == "noscan":
         return sptlib_step({"model.scan_layers": False})
     if name == "flax":

@@ -106,7 +106,7 @@ def _advice(config, stage_name, spec, mesh_batch, effort=0.0):
     """What to change when a stage does not fit (one clause per applicable fix)."""
     m, fixes, stage = config.model, [], config.stages[stage_name]
     uses_attention = m.mixer == "attention" or m.pattern == "gss_hybrid"
-    if uses_attention and m.attention.impl == "plain":
+    if uses_attention and m.attention.impl in ("plain", "fused"):
         fixes.append("local or chunked attention (config.model.attention.impl='local' with "
                      "attention.window, or 'chunked')")
     if not m.remat:

@@ -13,6 +13,10 @@ causal) — and differ only in memory:
   linearly with length.
 - ``local``: the chunked kernel visiting only the key chunks that intersect the band, so time and
   memory are O(length · window) — for PathX (16,384) and PathX-256 (65,536).
+- ``fused``: ``plain``'s function as one C++ kernel per direction on XLA:CPU
+  (`sptlib.kernels.fused_attention`: scores stay in cache, FlashAttention-2 backward); the jnp
+  ``plain`` attention on other backends or where the kernel cannot be compiled. The CPU-sized
+  local configs use it.
 
 Positions: ``rotary`` (applied to queries and keys, so scores depend on relative position only) or
 ``none`` (absolute positions, if any, are added by the encoder: `config.model.positions`).
@@ -27,9 +31,10 @@ from jax import lax
 
 from sptlib.kernels.attention import (MASK_VALUE, allowed_pairs, chunked_attention,
                                       dot_product_attention, rotary_embedding)
+from sptlib.kernels.fused_attention import fused_attention
 from sptlib.layers import initializers
 
-IMPLS = ("plain", "chunked", "local")
+IMPLS = ("plain", "chunked", "local", "fused")
 POSITIONS = ("none", "rotary")
 
 __all__ = ["MultiHeadAttention", "chunked_attention", "dot_product_attention",
@@ -58,7 +63,7 @@ class MultiHeadAttention(nn.Module):
       head_dim: features per head; 0 = d_model // n_heads (set it to keep head width fixed when the
         head count changes, e.g. wide attention, or GSS-Hybrid's 8 heads of 128).
       positions: ``none`` | ``rotary``.
-      impl: ``plain`` | ``chunked`` | ``local`` (see the module docstring).
+      impl: ``plain`` | ``chunked`` | ``local`` | ``fused`` (see the module docstring).
       window: band half-width; 0 = unlimited (required > 0 for ``local``).
       chunk_size: chunk length of the chunked/local kernels.
       rotary_base: wavelength base of rotary positions.
@@ -137,6 +142,8 @@ class MultiHeadAttention(nn.Module):
             k = rotary_embedding(k, pos, self.rotary_base)
         if self.impl == "plain":
             o = dot_product_attention(q, k, v, mask, causal=self.causal, window=self.window)
+        elif self.impl == "fused":
+            o = fused_attention(q, k, v, mask, causal=self.causal, window=self.window)
         else:
             o = chunked_attention(q, k, v, mask, causal=self.causal, window=self.window,
                                   chunk_size=self.chunk_size)
