@@ -115,7 +115,8 @@ def main():
             continue
         name = op_names.get(e["name"], "")
         by_part[part(name)] += e.get("dur", 0)
-        by_thunk[(e["name"], name.split("/")[-1])] += e.get("dur", 0)
+        by_thunk[(e["name"], name if os.environ.get("FULL_NAMES") else name.split("/")[-1])] += (
+            e.get("dur", 0))
     total = sum(by_part.values())
     print(f"# {args}: {total / STEPS / 1e3:.1f} ms of thunks per step "
           f"(executor wall {wall / STEPS / 1e3:.1f} ms), {STEPS} steps traced")

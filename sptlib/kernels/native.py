@@ -1,0 +1,156 @@
+"""The C++ XLA:CPU kernels (`sptlib/kernels/cpu/*.cc`): compiled on first use, registered once.
+
+Two kernels live there, each behind a jnp function with the same semantics:
+`sptlib.kernels.fused_attention` (softmax attention without the score matrix in memory) and
+`sptlib.kernels.conv.fft_conv_native` (the SSMs' long convolution on a multi-threaded FFT).
+
+The sources are compiled together into one shared library with the host's C++ compiler (`$CXX`,
+else `g++`/`c++`/`clang++`, `-O3 -march=native`) into a cache directory (`$SPTLIB_KERNEL_CACHE`,
+else `~/.cache/sptlib/kernels`) keyed by the sources, the jaxlib version, the compiler and the
+flags, and registered as XLA FFI targets for the CPU platform. Where no compiler works, the
+jnp functions run instead (a warning says why, once). `SPTLIB_NATIVE=0` turns the kernels off.
+"""
+
+import ctypes
+import glob
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import jax
+
+_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu")
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+# FFI target name -> exported handler symbol.
+TARGETS = {
+    "sptlib_fused_attention_fwd": "SptlibFusedAttentionFwd",
+    "sptlib_fused_attention_bwd": "SptlibFusedAttentionBwd",
+    "sptlib_fft_conv_fwd": "SptlibFftConvFwd",
+    "sptlib_fft_conv_bwd": "SptlibFftConvBwd",
+}
+_lock = threading.Lock()
+_state = {}  # "ok": bool, "why": str (set once)
+
+
+def _compiler():
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cache_dir():
+    return os.environ.get("SPTLIB_KERNEL_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "sptlib", "kernels")
+
+
+def build():
+    """Path of the compiled library (compiling it if needed); raises RuntimeError."""
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found ($CXX, g++, c++ or clang++)")
+    sources = sorted(glob.glob(os.path.join(_DIR, "*.cc")))
+    digest = hashlib.sha256()
+    for path in sources:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    import jaxlib
+    digest.update(repr((jaxlib.__version__, cxx, _FLAGS)).encode())
+    out_dir = _cache_dir()
+    lib = os.path.join(out_dir, f"sptlib_kernels-{digest.hexdigest()[:16]}.so")
+    if os.path.exists(lib):
+        return lib
+    os.makedirs(out_dir, exist_ok=True)
+    # Compile to a private name and rename: concurrent processes (pytest -n, compare's jobs)
+    # never load a half-written library.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), *sources, "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
+                               f"{proc.stderr[-2000:]}")
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return lib
+
+
+def available():
+    """True once the kernels are compiled, loaded and registered for the CPU platform."""
+    with _lock:
+        if "ok" not in _state:
+            try:
+                if os.environ.get("SPTLIB_NATIVE", "1") == "0":
+                    raise RuntimeError("turned off by SPTLIB_NATIVE=0")
+                lib = ctypes.cdll.LoadLibrary(build())
+                for target, symbol in TARGETS.items():
+                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                                platform="cpu")
+                _state.update(ok=True, why="")
+            except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+                _state.update(ok=False, why=str(e))
+                logging.warning("sptlib native CPU kernels unavailable, using the jnp versions "
+                                "(same functions, slower on CPU): %s", e)
+        return _state["ok"]
+
+
+def unavailable_reason():
+    """Why `available()` is False ('' when it is True)."""
+    available()
+    return _state["why"]
+
+
+def partitioned(kernel, arg_dims, out_dims, replicated, n_static, summed=None):
+    """`kernel` (per-device FFI calls) as a `custom_partitioning` op that runs per shard.
+
+    `arg_dims` / `out_dims`: one tuple of factor names per operand / result (einsum-like, e.g.
+    `("b", "l", "h", "d")`); factors in `replicated` are gathered, every other factor keeps the
+    mesh axis it has on the first operand. `kernel(*arrays, *static)` takes `n_static` trailing
+    static (hashable) arguments. `summed` (`{result index: factor}`): results that are sums over
+    a factor absent from them (e.g. a weight gradient over the batch); each shard's partial sum is
+    `psum`-ed over that factor's mesh axis. Without this the partitioner would replicate the custom call,
+    i.e. every device would compute the whole batch.
+    """
+    def specs(arg0, dims_list):
+        spec = tuple(getattr(arg0.sharding, "spec", ()))
+        spec = spec + (None,) * (len(arg_dims[0]) - len(spec))
+        axis = {f: s for f, s in zip(arg_dims[0], spec) if f not in replicated}
+        return tuple(jax.sharding.PartitionSpec(*[axis.get(f) for f in dims])
+                     for dims in dims_list)
+
+    def partition(*args):
+        static, (mesh, arg_shapes, _) = args[:n_static], args[n_static:]
+        named = lambda ss: tuple(jax.sharding.NamedSharding(mesh, s) for s in ss)
+        spec = tuple(getattr(arg_shapes[0].sharding, "spec", ()))
+        axis = dict(zip(arg_dims[0], spec))
+        sums = {i: axis.get(f) for i, f in (summed or {}).items() if axis.get(f) is not None}
+
+        def lower(*a):
+            out = kernel(*a, *static)
+            if not sums:
+                return out
+            return tuple(jax.lax.psum(o, sums[i]) if i in sums else o for i, o in enumerate(out))
+
+        return (mesh, lower, named(specs(arg_shapes[0], out_dims)),
+                named(specs(arg_shapes[0], arg_dims)))
+
+    def infer(*args):
+        mesh, arg_shapes, _ = args[n_static:]
+        return tuple(jax.sharding.NamedSharding(mesh, s) for s in specs(arg_shapes[0], out_dims))
+
+    from jax.experimental.custom_partitioning import custom_partitioning
+    op = custom_partitioning(kernel, static_argnums=tuple(range(len(arg_dims),
+                                                                 len(arg_dims) + n_static)))
+    rule = (", ".join(" ".join(d) for d in arg_dims) + " -> "
+            + ", ".join(" ".join(d) for d in out_dims))
+    op.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                     need_replication_factors=tuple(replicated),
+                     reduction_factors=tuple(sorted(set((summed or {}).values()))))
+    return op
