@@ -151,6 +151,5 @@ def partitioned(kernel, arg_dims, out_dims, replicated, n_static, summed=None):
     rule = (", ".join(" ".join(d) for d in arg_dims) + " -> "
             + ", ".join(" ".join(d) for d in out_dims))
     op.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                     need_replication_factors=tuple(replicated),
-                     reduction_factors=tuple(sorted(set((summed or {}).values()))))
+                     need_replication_factors=tuple(replicated))
     return op
