@@ -35,8 +35,8 @@ setup(
     description=__doc__,
     python_requires=">=3.11",
     packages=find_packages(include=["sptlib", "sptlib.*"]),
-    # The fused CPU attention kernel's C++ source, compiled on first use (sptlib.kernels.fused_attention).
-    package_data={"sptlib.kernels": ["cpu/*.cc"]},
+    # The native CPU kernels' C++ sources, compiled on first use (sptlib.kernels.native).
+    package_data={"sptlib.kernels": ["cpu/*.cc", "cpu/*.h"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         # libtpu as jax[tpu] pins it for this jax: `python -m sptlib.aot` compiles for TPU slices

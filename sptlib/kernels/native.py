@@ -54,8 +54,9 @@ def build():
     if cxx is None:
         raise RuntimeError("no C++ compiler found ($CXX, g++, c++ or clang++)")
     sources = sorted(glob.glob(os.path.join(_DIR, "*.cc")))
+    headers = sorted(glob.glob(os.path.join(_DIR, "*.h")))
     digest = hashlib.sha256()
-    for path in sources:
+    for path in sources + headers:
         with open(path, "rb") as f:
             digest.update(f.read())
     import jaxlib

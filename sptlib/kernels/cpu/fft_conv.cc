@@ -21,44 +21,14 @@
 #include <mutex>
 #include <vector>
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v8 __attribute__((vector_size(32)));
-
-inline v8 splat(float x) { return v8{x, x, x, x, x, x, x, x}; }
-
-// Runs fn(0..n-1) on the caller and the XLA intra-op pool (see fused_attention.cc: workers claim
-// indices from a shared counter, the caller waits only for claimed ones).
-void parallel_for(ffi::ThreadPool& pool, int64_t n, const std::function<void(int64_t)>& fn) {
-  struct State {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-    int64_t n = 0;
-    const std::function<void(int64_t)>* fn = nullptr;
-    std::mutex mu;
-    std::condition_variable cv;
-  };
-  auto st = std::make_shared<State>();
-  st->n = n;
-  st->fn = &fn;
-  auto work = [st]() {
-    int64_t claimed = 0;
-    for (int64_t i; (i = st->next.fetch_add(1)) < st->n; ++claimed) (*st->fn)(i);
-    if (claimed && st->done.fetch_add(claimed) + claimed == st->n) {
-      std::lock_guard<std::mutex> lock(st->mu);
-      st->cv.notify_all();
-    }
-  };
-  const int64_t workers = std::min<int64_t>(pool.num_threads(), n - 1);
-  for (int64_t w = 0; w < workers; ++w) pool.Schedule(decltype(work)(work));
-  work();
-  std::unique_lock<std::mutex> lock(st->mu);
-  st->cv.wait(lock, [&] { return st->done.load() == st->n; });
-}
+using namespace sptlib_cpu;  // NOLINT: v8, splat, parallel_for
 
 // In-place radix-2 FFT of n (a power of two) complex v8 values, input in bit-reversed order.
 // Twiddles tw[j] = exp(-2 pi i j / n), j < n / 2; `inverse` conjugates them (no 1/n scaling).
