@@ -1,11 +1,12 @@
 """The quickstart-size Transformer train step: sptlib with and without `nn.scan`, plain Flax, torch.
 
-    python benchmarks/transformer_step_ab.py [rolled,default,noscan,flax,torch]   # torch: optional
+    python benchmarks/transformer_step_ab.py [rolled,default,plainattn,noscan,flax,torch]   # torch: optional
 
 sptlib's engine step of `sptlib.bench.peers.TRANSFORMER_CONFIG` (batch 32 x 256 tokens, 2 x 64,
 AdamW) as built by `sptlib.bench.train_step.prepare`: as configured (`default`: the local
 configs unroll the scanned layer loop, `model.scan_unroll = n_layers`), with the loop rolled
-(`rolled`: `model.scan_unroll=1`, the library default) and with `model.scan_layers=False`
+(`rolled`: `model.scan_unroll=1`, the library default), with the jnp attention instead of the
+fused CPU kernel (`plainattn`: `model.attention.impl="plain"`) and with `model.scan_layers=False`
 (`noscan`: named layers, other parameter paths); the plain Flax Linen floor and
 `nn.TransformerEncoder` (`benchmarks/peers/`). Interleaved (A, B, C, D, A, ...), 3 warm-up steps each, `ROUNDS` (15)
 rounds, medians. Results: docs/performance_notes.md.
@@ -68,7 +69,8 @@ def make(name):
     if name == "torch":
         from benchmarks.peers import torch_transformer
         return torch_transformer.make_step(256, 32)
-    raise SystemExit(f"unknown variant {name!r}; known: rolled, default, noscan, flax, torch")
+    raise SystemExit(f"unknown variant {name!r}; known: rolled, default, plainattn, noscan, flax, "
+                     "torch")
 
 
 def main(names):

@@ -83,6 +83,10 @@ def _pow2(n):
     return 1 << max(0, int(n - 1).bit_length())
 
 
+def _native_ok(u):
+    return _real_dtype(u.dtype) == jnp.float32 and native.available()
+
+
 def circular_conv(u, kc, d=None):
     """y[b, t] = sum_s u[b, s] kc[:, (t - s) mod n] (+ d * u_t) for t < L, u zero past L.
 
@@ -100,21 +104,17 @@ def circular_conv(u, kc, d=None):
 
     def jnp_conv(u, kc):
         k_f = jnp.fft.rfft(kc.astype(ct), axis=-1).T
-        return _conv_with_spectrum(u, k_f, n, None).astype(jnp.float32)
+        return _conv_with_spectrum(u.astype(ct), k_f, n, None)
 
-    if ct == jnp.float32 and n == _pow2(n) and native.available():
-        def cpu(u, kc):
+    if _native_ok(u) and n == _pow2(n):
+        def cpu(u, kc):  # ct is float32 here, as jnp_conv's result
             return _native_circular_conv(u.astype(jnp.float32), kc.astype(jnp.float32))
         y = jax.lax.platform_dependent(u, kc, cpu=cpu, default=jnp_conv)
     else:
-        y = jnp_conv(u, kc).astype(ct)
+        y = jnp_conv(u, kc)
     if d is not None:
         y = y + d.astype(ct) * u.astype(ct)
     return y.astype(u.dtype)
-
-
-def _native_ok(u):
-    return _real_dtype(u.dtype) == jnp.float32 and native.available()
 
 
 def _conv_with_spectrum(u, k_f, n, d):

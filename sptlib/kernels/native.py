@@ -2,7 +2,7 @@
 
 Two kernels live there, each behind a jnp function with the same semantics:
 `sptlib.kernels.fused_attention` (softmax attention without the score matrix in memory) and
-`sptlib.kernels.conv.fft_conv_native` (the SSMs' long convolution on a multi-threaded FFT).
+`sptlib.kernels.conv.circular_conv` (the SSMs' long convolution on a multi-threaded FFT).
 
 The sources are compiled together into one shared library with the host's C++ compiler (`$CXX`,
 else `g++`/`c++`/`clang++`, `-O3 -march=native`) into a cache directory (`$SPTLIB_KERNEL_CACHE`,

@@ -11,14 +11,9 @@
 // Backward: du = IFFT(FFT(dy) conj(K))[:L], dkc = IFFT(sum_b conj(U_b) DY_b) (real).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common.h"

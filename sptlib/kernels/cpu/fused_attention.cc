@@ -14,14 +14,9 @@
 // key_mask [batch, length] (bool), m, l [batch, heads, length] (float32).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common.h"
