@@ -31,6 +31,7 @@ TARGETS = {
     "sptlib_fused_attention_bwd": "SptlibFusedAttentionBwd",
     "sptlib_fft_conv_fwd": "SptlibFftConvFwd",
     "sptlib_fft_conv_bwd": "SptlibFftConvBwd",
+    "sptlib_weight_grad": "SptlibWeightGrad",
 }
 _lock = threading.Lock()
 _state = {}  # "ok": bool, "why": str (set once)

@@ -31,6 +31,7 @@ from jax import lax
 
 from sptlib.kernels.attention import (MASK_VALUE, allowed_pairs, chunked_attention,
                                       dot_product_attention, rotary_embedding)
+from sptlib.kernels import linear
 from sptlib.kernels.fused_attention import fused_attention
 from sptlib.layers import initializers
 
@@ -122,7 +123,8 @@ class MultiHeadAttention(nn.Module):
     def _project(self, x):
         """x `[..., d_model]` -> scaled q, k, v `[..., heads, head_dim]`."""
         x = x.astype(self.dtype)
-        q, k, v = (jnp.einsum("...d,dhk->...hk", x, w.astype(self.dtype)) + b.astype(self.dtype)
+        # linear.project: "...d,dhk->...hk", with a native weight gradient on CPU.
+        q, k, v = (linear.project(x, w.astype(self.dtype)) + b.astype(self.dtype)
                    for w, b in ((self.w_query, self.b_query), (self.w_key, self.b_key),
                                 (self.w_value, self.b_value)))
         return q * (self._head_dim ** -0.5), k, v
@@ -130,7 +132,7 @@ class MultiHeadAttention(nn.Module):
     def _output(self, o, deterministic):
         """Attended values `[..., heads, head_dim]` -> `[..., d_model]`."""
         o = self.drop(o, deterministic=deterministic)
-        y = jnp.einsum("...hk,hkd->...d", o, self.w_out.astype(self.dtype))
+        y = linear.project(o, self.w_out.astype(self.dtype), 2)  # "...hk,hkd->...d"
         return y + self.b_out.astype(self.dtype)
 
     def __call__(self, x, *, mask=None, deterministic=True):

@@ -16,6 +16,7 @@ from typing import Any, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
+from sptlib.kernels import linear
 from sptlib.layers import get_mixer
 from sptlib.layers import initializers as inits
 from sptlib.layers.initializers import boxed as _boxed
@@ -64,11 +65,13 @@ class FeedForward(nn.Module):
         k_in, b_in = inits.dense(self.init_scheme, x.shape[-1])
         k_out, b_out = inits.dense(self.init_scheme, hidden)
         h = nn.Dense(hidden, dtype=self.dtype, kernel_init=_boxed(k_in, ("embed", "mlp")),
-                     bias_init=_boxed(b_in, ("mlp",)), name="wi")(x)
+                     bias_init=_boxed(b_in, ("mlp",)), name="wi",
+                     dot_general=linear.dot_general)(x)
         h = nn.gelu(h)
         h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
         return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=_boxed(k_out, ("mlp", "embed")),
-                        bias_init=_boxed(b_out, ("embed",)), name="wo")(h)
+                        bias_init=_boxed(b_out, ("embed",)), name="wo",
+                        dot_general=linear.dot_general)(h)
 
 
 def mixer_class(name):

@@ -12,6 +12,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from sptlib.kernels import linear
 from sptlib.layers import initializers
 
 POSITIONS = ("none", "sinusoidal", "learned")
@@ -88,5 +89,5 @@ class LinearEncoder(nn.Module):
         x = nn.Dense(self.d_model, dtype=self.dtype,
                      kernel_init=nn.with_logical_partitioning(kernel_init, (None, "embed")),
                      bias_init=nn.with_logical_partitioning(bias_init, ("embed",)),
-                     name="dense")(inputs.astype(self.dtype))
+                     name="dense", dot_general=linear.dot_general)(inputs.astype(self.dtype))
         return AddPositions(self.positions, self.max_length, name="positions")(x)

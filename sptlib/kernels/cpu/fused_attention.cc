@@ -124,13 +124,6 @@ inline void key_range(int64_t i, int64_t length, bool causal, int64_t window, in
   }
 }
 
-// Vector registers the products below may hold: AVX-512VL gives 32 (also for 8-float vectors).
-#if defined(__AVX512VL__)
-constexpr int kVecRegs = 32;
-#else
-constexpr int kVecRegs = 16;
-#endif
-
 // Query rows processed together in the row-major products (the value combination and dQ):
 // enough independent FMA chains (R x head_dim / 8 accumulators) to hide the FMA latency, few
 // enough to stay in registers with the loaded key row and one broadcast.
@@ -178,53 +171,6 @@ inline void rows_combine(const float* w, int64_t w_stride, int64_t rows, const f
       }
     }
   }
-}
-
-// One register tile of out[a, 8 c + lane] (+)= sum_r x[r * xr + a * xa] w[r * w_stride + 8 c + lane]
-// for a < A, c < V, r < rows: a transposed product xᵀ w (x read through two strides, so a
-// row-major or a transposed x both work), vectorised along w's columns. Each loaded vector of w
-// feeds A FMAs and the tile stays in registers over all r.
-template <bool ACC, int A, int V>
-inline void tile_tn(const float* x, int64_t xr, int64_t xa, const float* w, int64_t w_stride,
-                    int64_t rows, float* out, int64_t out_stride) {
-  v8 acc[A][V];
-  for (int a = 0; a < A; ++a)
-    for (int c = 0; c < V; ++c) acc[a][c] = ACC ? load8(out + a * out_stride + 8 * c) : splat(0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    v8 wr[V];
-    for (int c = 0; c < V; ++c) wr[c] = load8(w + r * w_stride + 8 * c);
-    for (int a = 0; a < A; ++a) {
-      const v8 xv = splat(x[r * xr + a * xa]);
-      for (int c = 0; c < V; ++c) acc[a][c] += xv * wr[c];
-    }
-  }
-  for (int a = 0; a < A; ++a)
-    for (int c = 0; c < V; ++c) store8(out + a * out_stride + 8 * c, acc[a][c]);
-}
-
-// out[n, cols] (+)= xᵀ w for x [rows, >= n] (element (r, a) at x[r * xr + a * xa]) and
-// w [rows, cols] (cols a multiple of 8). Used for the scores (x = Q or dO with xr = 1, w = Kᵀ
-// or Vᵀ, rows = head_dim) and for dVᵀ += Pᵀ dO, dKᵀ += dSᵀ Q over a block of query rows. Tiles
-// of 8 output rows: on Zen 4 this runs at ~105 GFLOP/s on one core at head_dim 16, against ~80
-// with 4 rows.
-template <bool ACC>
-inline void product_tn(const float* x, int64_t xr, int64_t xa, int64_t n, const float* w,
-                       int64_t w_stride, int64_t rows, int64_t cols, float* out,
-                       int64_t out_stride) {
-  constexpr int A = 8, V = kVecRegs >= 32 ? 2 : 1;
-  int64_t a = 0;
-  for (; a + A <= n; a += A) {
-    float* o = out + a * out_stride;
-    int64_t j = 0;
-    for (; j + 8 * V <= cols; j += 8 * V)
-      tile_tn<ACC, A, V>(x + a * xa, xr, xa, w + j, w_stride, rows, o + j, out_stride);
-    for (; j < cols; j += 8)
-      tile_tn<ACC, A, 1>(x + a * xa, xr, xa, w + j, w_stride, rows, o + j, out_stride);
-  }
-  for (; a < n; ++a)
-    for (int64_t j = 0; j < cols; j += 8)
-      tile_tn<ACC, 1, 1>(x + a * xa, xr, xa, w + j, w_stride, rows, out + a * out_stride + j,
-                         out_stride);
 }
 
 #if defined(__AVX__)
