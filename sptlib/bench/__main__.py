@@ -169,7 +169,7 @@ def main(argv=None):
     if args.peer:  # --peer implies its section; `--only peer` runs nothing else
         s = mixers.MixerSettings()
         peers.run(args.peer, args.peer_lengths or ((1024, 4096) if q else (1024, 4096, 16384)),
-                  s, rounds=5 if q else 7, max_seconds=6.0 if q else 20.0)
+                  s, rounds=5 if q else 15, max_seconds=6.0 if q else 20.0)
 
     if "pipeline" in args.only:
         def consumer(spec):

@@ -51,9 +51,14 @@ def _reference(name):
     return importlib.import_module(f"benchmarks.peers.{name}")
 
 
-def time_interleaved(fns, *, rounds=7, max_seconds=20.0, warmup=2, min_rounds=3):
+def time_interleaved(fns, *, rounds=7, max_seconds=20.0, warmup=2, min_rounds=3, settle=0.02):
     """({name: median seconds per call}, rounds) of no-argument callables, interleaved by
-    round (after `warmup` calls each)."""
+    round (after `warmup` calls each).
+
+    Each timed call starts after `settle` idle seconds: right after one framework's call its
+    thread pool still spins (PyTorch's OpenMP team, XLA's intra-op pool) and slows whichever call
+    comes next, by up to ~20% for the Transformer step on 2 cores (measured: PyTorch's step 124 ms
+    straight after sptlib's, 104 ms after a pause)."""
     for fn in fns.values():
         for _ in range(warmup):
             common.block(fn())
@@ -61,6 +66,7 @@ def time_interleaved(fns, *, rounds=7, max_seconds=20.0, warmup=2, min_rounds=3)
     total = 0.0
     for r in range(rounds):
         for name, fn in fns.items():
+            time.sleep(settle)
             t0 = time.perf_counter()
             common.block(fn())
             dt = time.perf_counter() - t0
