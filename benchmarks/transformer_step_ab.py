@@ -1,15 +1,17 @@
 """The quickstart-size Transformer train step: sptlib with and without `nn.scan`, plain Flax, torch.
 
-    python benchmarks/transformer_step_ab.py [rolled,default,plainattn,noscan,flax,torch]   # torch: optional
+    python benchmarks/transformer_step_ab.py [rolled,default,plainattn,xladots,noscan,flax,torch]   # torch: optional
 
 sptlib's engine step of `sptlib.bench.peers.TRANSFORMER_CONFIG` (batch 32 x 256 tokens, 2 x 64,
 AdamW) as built by `sptlib.bench.train_step.prepare`: as configured (`default`: the local
 configs unroll the scanned layer loop, `model.scan_unroll = n_layers`), with the loop rolled
 (`rolled`: `model.scan_unroll=1`, the library default), with the jnp attention instead of the
-fused CPU kernel (`plainattn`: `model.attention.impl="plain"`) and with `model.scan_layers=False`
+fused CPU kernel (`plainattn`: `model.attention.impl="plain"`), with XLA's dots for the small
+weights' gradients instead of `sptlib.kernels.linear`'s kernel (`xladots`) and with `model.scan_layers=False`
 (`noscan`: named layers, other parameter paths); the plain Flax Linen floor and
 `nn.TransformerEncoder` (`benchmarks/peers/`). Interleaved (A, B, C, D, A, ...), 3 warm-up steps each, `ROUNDS` (15)
-rounds, medians. Results: docs/performance_notes.md.
+rounds, medians; `SETTLE` seconds of pause before each timed call (default 0; see
+benchmarks/peer_interference.py). Results: docs/performance_notes.md.
 """
 
 import os
@@ -24,6 +26,7 @@ from sptlib.bench import peers  # noqa: E402
 from sptlib.bench import train_step as bt  # noqa: E402
 
 TOKENS = 32 * 256
+SETTLE = float(os.environ.get("SETTLE", "0"))  # seconds of pause before each timed call
 
 
 def prepare(overrides):
@@ -53,6 +56,20 @@ def sptlib_step(overrides):
     return lambda: jax.block_until_ready(step())
 
 
+def xla_dots_step():
+    """The default step with XLA's dots for the weight gradients (no `sptlib.kernels.linear`
+    kernel): the kernel is switched off while the step is traced."""
+    from sptlib.kernels import linear
+    orig = linear._native_ok
+    linear._native_ok = lambda *a: False
+    try:
+        step = sptlib_step({})
+        step()  # traces and compiles now
+    finally:
+        linear._native_ok = orig
+    return step
+
+
 def make(name):
     if name == "default":
         return sptlib_step({})
@@ -60,6 +77,8 @@ def make(name):
         return sptlib_step({"model.scan_unroll": 1})
     if name == "plainattn":
         return sptlib_step({"model.attention.impl": "plain"})
+    if name == "xladots":
+        return xla_dots_step()
     if name == "noscan":
         return sptlib_step({"model.scan_layers": False})
     if name == "flax":
@@ -69,8 +88,8 @@ def make(name):
     if name == "torch":
         from benchmarks.peers import torch_transformer
         return torch_transformer.make_step(256, 32)
-    raise SystemExit(f"unknown variant {name!r}; known: rolled, default, plainattn, noscan, flax, "
-                     "torch")
+    raise SystemExit(f"unknown variant {name!r}; known: rolled, default, plainattn, xladots, noscan, "
+                     "flax, torch")
 
 
 def main(names):
@@ -81,6 +100,7 @@ def main(names):
     ts = {n: [] for n in fns}
     for _ in range(int(os.environ.get("ROUNDS", "15"))):
         for n, f in fns.items():
+            time.sleep(SETTLE)
             t = time.perf_counter()
             f()
             ts[n].append(time.perf_counter() - t)

@@ -1,8 +1,9 @@
 """The C++ XLA:CPU kernels (`sptlib/kernels/cpu/*.cc`): compiled on first use, registered once.
 
-Two kernels live there, each behind a jnp function with the same semantics:
-`sptlib.kernels.fused_attention` (softmax attention without the score matrix in memory) and
-`sptlib.kernels.conv.circular_conv` (the SSMs' long convolution on a multi-threaded FFT).
+Three kernels live there, each behind a jnp function with the same semantics:
+`sptlib.kernels.fused_attention` (softmax attention without the score matrix in memory),
+`sptlib.kernels.conv.circular_conv` (the SSMs' long convolution on a multi-threaded FFT) and
+`sptlib.kernels.linear` (small dense layers' weight gradient xᵀ g).
 
 The sources are compiled together into one shared library with the host's C++ compiler (`$CXX`,
 else `g++`/`c++`/`clang++`, `-O3 -march=native`) into a cache directory (`$SPTLIB_KERNEL_CACHE`,
