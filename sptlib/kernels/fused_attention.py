@@ -4,10 +4,10 @@
 `sptlib.kernels.attention.dot_product_attention` (`q, k, v: [batch, length, heads, head_dim]`, q
 pre-scaled; `key_mask: [batch, length]`, True = real) without writing the
 `[batch, heads, length, length]` score matrix: each (batch, head) pair is one task on XLA's
-intra-op thread pool that keeps one row of scores in cache. On the 2-core test machine XLA:CPU runs
-the score and value products of small heads (d = 16, L = 256) at ~18 GFLOP/s because the score
-matrix round-trips through memory; this kernel is why the CPU-sized Transformer configs use
-`model.attention.impl = "fused"`.
+intra-op thread pool that keeps a block of score rows in cache. On the 2-core test machine
+XLA:CPU runs the score and value products of small heads (d = 16, L = 256) at ~18 GFLOP/s because
+the score matrix round-trips through memory; this kernel is why the CPU-sized Transformer configs
+use `model.attention.impl = "fused"`.
 
 The kernel is C++ (`sptlib/kernels/cpu/fused_attention.cc`), compiled on first use
 (`sptlib.kernels.native`). Where it is unavailable, or on any backend but CPU, the jnp
