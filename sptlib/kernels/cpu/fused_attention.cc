@@ -194,6 +194,26 @@ inline void transpose8(v8 r[8]) {
 }
 #endif
 
+// t[c * t_stride + r] = a[r * a_stride + c] for r < rows, c < cols: 8 x 8 blocks transposed in
+// registers where AVX is available, the remainder one value at a time.
+inline void transpose_copy(const float* a, int64_t a_stride, int64_t rows, int64_t cols, float* t,
+                           int64_t t_stride) {
+  int64_t r = 0;
+#if defined(__AVX__)
+  for (; r + 8 <= rows; r += 8)
+    for (int64_t c = 0; c + 8 <= cols; c += 8) {
+      v8 blk[8];
+      for (int u = 0; u < 8; ++u) blk[u] = load8(a + (r + u) * a_stride + c);
+      transpose8(blk);
+      for (int u = 0; u < 8; ++u) store8(t + (c + u) * t_stride + r, blk[u]);
+    }
+  for (int64_t i = 0; i < r; ++i)  // the columns past the 8-blocks of those rows
+    for (int64_t c = cols / 8 * 8; c < cols; ++c) t[c * t_stride + i] = a[i * a_stride + c];
+#endif
+  for (; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * t_stride + r] = a[r * a_stride + c];
+}
+
 // Copies head h of batch element b out of [batch, length, heads, dim]: rows [cols, dim]
 // (row-major, zero past `length`) and, if `cols` is set, the transpose [dim, padded] (zero past
 // `length`).
@@ -208,19 +228,7 @@ void gather(const float* src, const Shape& sh, int64_t b, int64_t h, float* rows
     std::fill(rows + L * D, rows + sh.cols * D, 0.0f);
   }
   if (!cols) return;
-  int64_t i = 0;
-#if defined(__AVX__)
-  if constexpr (DT % 8 == 0 && DT > 0)
-    for (; i + 8 <= L; i += 8)
-      for (int64_t d = 0; d < D; d += 8) {
-        v8 blk[8];
-        for (int r = 0; r < 8; ++r) blk[r] = load8(base + (i + r) * stride + d);
-        transpose8(blk);
-        for (int c = 0; c < 8; ++c) store8(cols + (d + c) * P + i, blk[c]);
-      }
-#endif
-  for (; i < L; ++i)
-    for (int64_t d = 0; d < D; ++d) cols[d * P + i] = base[i * stride + d];
+  transpose_copy(base, stride, L, D, cols, P);
   for (int64_t d = 0; d < D; ++d) std::fill(cols + d * P + L, cols + (d + 1) * P, 0.0f);
 }
 
@@ -235,19 +243,7 @@ void scatter(const float* src, bool transposed, const Shape& sh, int64_t b, int6
     for (int64_t i = 0; i < L; ++i) std::copy(src + i * D, src + (i + 1) * D, base + i * stride);
     return;
   }
-  int64_t i = 0;
-#if defined(__AVX__)
-  if constexpr (DT % 8 == 0 && DT > 0)
-    for (; i + 8 <= L; i += 8)
-      for (int64_t d = 0; d < D; d += 8) {
-        v8 blk[8];
-        for (int c = 0; c < 8; ++c) blk[c] = load8(src + (d + c) * P + i);
-        transpose8(blk);
-        for (int r = 0; r < 8; ++r) store8(base + (i + r) * stride + d, blk[r]);
-      }
-#endif
-  for (; i < L; ++i)
-    for (int64_t d = 0; d < D; ++d) base[i * stride + d] = src[d * P + i];
+  transpose_copy(src, P, D, L, base, stride);
 }
 
 // The key mask of batch element b as floats (1 = real key, 0 = padding), zero past the length
