@@ -25,40 +25,34 @@ namespace {
 
 using namespace sptlib_cpu;  // NOLINT: v8, splat, parallel_for
 
-// In-place radix-2 FFT of n (a power of two) complex v8 values, input in bit-reversed order.
-// Twiddles tw[j] = exp(-2 pi i j / n), j < n / 2; `inverse` conjugates them (no 1/n scaling).
+// In-place FFTs of n (a power of two) complex v8 values, radix 4 (one radix-2 stage where log2 n
+// is odd). `dif` takes natural order to bit-reversed order, `dit` bit-reversed to natural, so a
+// convolution (forward, pointwise product, inverse) never permutes: the bit-reversal passes
+// (scattered accesses, a cache miss each once n vectors outgrow L2) would cost more than the
+// butterflies at n = 32k. A radix-4 stage reads and writes each point once where two radix-2
+// stages would twice, with 3 complex multiplications per 4 points instead of 4: the loads and
+// stores, not the arithmetic, bound a radix-2 stage here. INV conjugates the twiddles (no 1/n).
 struct Plan {
   int64_t n = 0, log2n = 0;
-  std::vector<float> tw_re, tw_im, stage_re, stage_im;
-  std::vector<int32_t> rev;
+  // Radix-4 stages of block length len = 4q, short to long; stage k's twiddles at r4tw[r4off[k]],
+  // 6 floats per j < q: W^j, W^2j, W^3j (re, im), W = exp(-2 pi i / len).
+  std::vector<float> r4tw;
+  std::vector<int64_t> r4off, r4len;
   explicit Plan(int64_t n_) : n(n_) {
     while ((int64_t{1} << log2n) < n) ++log2n;
-    tw_re.resize(n / 2);
-    tw_im.resize(n / 2);
-    for (int64_t j = 0; j < n / 2; ++j) {
-      const double a = -2.0 * M_PI * static_cast<double>(j) / static_cast<double>(n);
-      tw_re[j] = static_cast<float>(std::cos(a));
-      tw_im[j] = static_cast<float>(std::sin(a));
-    }
-    // Per-stage twiddles, stage of block length len at [len / 2, len): exp(-2 pi i j / len).
-    stage_re.resize(n);
-    stage_im.resize(n);
-    for (int64_t half = 1; half < n; half <<= 1)
-      for (int64_t j = 0; j < half; ++j) {
-        stage_re[half + j] = tw_re[j * (n / (2 * half))];
-        stage_im[half + j] = tw_im[j * (n / (2 * half))];
-      }
-    rev.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t r = 0;
-      for (int64_t b = 0; b < log2n; ++b) r |= ((i >> b) & 1) << (log2n - 1 - b);
-      rev[i] = static_cast<int32_t>(r);
+    for (int64_t len = (log2n & 1) ? 8 : 4; len <= n; len <<= 2) {
+      r4off.push_back(static_cast<int64_t>(r4tw.size()));
+      r4len.push_back(len);
+      for (int64_t j = 0; j < len / 4; ++j)
+        for (int64_t m = 1; m <= 3; ++m) {
+          const double a = -2.0 * M_PI * static_cast<double>(m * j) / static_cast<double>(len);
+          r4tw.push_back(static_cast<float>(std::cos(a)));
+          r4tw.push_back(static_cast<float>(std::sin(a)));
+        }
     }
   }
 
-  void transform(v8* re, v8* im, bool inverse) const {
-    const float sign = inverse ? -1.0f : 1.0f;
-    // Stage 1 (len 2) has only the twiddle 1.
+  static void radix2(v8* re, v8* im, int64_t n) {
     for (int64_t i = 0; i < n; i += 2) {
       const v8 ar = re[i], ai = im[i], br = re[i + 1], bi = im[i + 1];
       re[i] = ar + br;
@@ -66,48 +60,108 @@ struct Plan {
       re[i + 1] = ar - br;
       im[i + 1] = ai - bi;
     }
-    // Stage 2 (len 4): twiddles 1 and -i (+i inverse).
-    if (n >= 4) {
-      for (int64_t i = 0; i < n; i += 4) {
-        for (int64_t j = 0; j < 2; ++j) {
-          const int64_t a = i + j, k = i + j + 2;
-          v8 br = re[k], bi = im[k];
-          if (j == 1) {  // multiply by -i (forward) or +i (inverse)
-            const v8 t = br;
-            br = splat(sign) * bi;
-            bi = splat(-sign) * t;
-          }
-          const v8 ar = re[a], ai = im[a];
-          re[a] = ar + br;
-          im[a] = ai + bi;
-          re[k] = ar - br;
-          im[k] = ai - bi;
-        }
-      }
-    }
-    // Later stages: butterflies of one block are contiguous (j inner), twiddles from a
-    // per-stage contiguous table.
-    for (int64_t len = 8; len <= n; len <<= 1) {
-      const int64_t half = len / 2;
-      const float* wre = stage_re.data() + half;  // stage table: entries [half, len)
-      const float* wim = stage_im.data() + half;
+  }
+
+  // Decimation in time, bit-reversed input: a block's four quarters hold the length-q DFTs of
+  // its subsequence's samples with residues 0, 2, 1, 3 (mod 4), and X[j + k q] = sum_r
+  // W^(r (j + k q)) F_r[j].
+  template <bool INV>
+  void dit(v8* re, v8* im) const {
+    constexpr float sg = INV ? -1.0f : 1.0f;
+    if (log2n & 1) radix2(re, im, n);
+    for (size_t stage = 0; stage < r4len.size(); ++stage) {
+      const int64_t len = r4len[stage], q = len / 4;
+      const float* tw = r4tw.data() + r4off[stage];
       for (int64_t i = 0; i < n; i += len) {
         v8* xr = re + i;
         v8* xi = im + i;
-        for (int64_t j = 0; j < half; ++j) {
-          const v8 wr = splat(wre[j]), wi = splat(sign * wim[j]);
-          const v8 br = xr[j + half] * wr - xi[j + half] * wi;
-          const v8 bi = xr[j + half] * wi + xi[j + half] * wr;
-          const v8 ar = xr[j], ai = xi[j];
-          xr[j] = ar + br;
-          xi[j] = ai + bi;
-          xr[j + half] = ar - br;
-          xi[j + half] = ai - bi;
+        for (int64_t j = 0; j < q; ++j) {
+          const float* w = tw + 6 * j;
+          const v8 w1r = splat(w[0]), w1i = splat(sg * w[1]), w2r = splat(w[2]),
+                   w2i = splat(sg * w[3]), w3r = splat(w[4]), w3i = splat(sg * w[5]);
+          const v8 f0r = xr[j], f0i = xi[j];
+          const v8 ar = xr[j + q], ai = xi[j + q];          // F2
+          const v8 br = xr[j + 2 * q], bi = xi[j + 2 * q];  // F1
+          const v8 cr = xr[j + 3 * q], ci = xi[j + 3 * q];  // F3
+          const v8 f2r = ar * w2r - ai * w2i, f2i = ar * w2i + ai * w2r;
+          const v8 f1r = br * w1r - bi * w1i, f1i = br * w1i + bi * w1r;
+          const v8 f3r = cr * w3r - ci * w3i, f3i = cr * w3i + ci * w3r;
+          const v8 pr = f0r + f2r, pi = f0i + f2i, mr = f0r - f2r, mi = f0i - f2i;
+          const v8 sr = f1r + f3r, si = f1i + f3i, dr = f1r - f3r, di = f1i - f3i;
+          xr[j] = pr + sr;
+          xi[j] = pi + si;
+          xr[j + 2 * q] = pr - sr;
+          xi[j + 2 * q] = pi - si;
+          // X[j + q] = m - i d, X[j + 3q] = m + i d (signs of i swapped for the inverse).
+          if (INV) {
+            xr[j + q] = mr - di;
+            xi[j + q] = mi + dr;
+            xr[j + 3 * q] = mr + di;
+            xi[j + 3 * q] = mi - dr;
+          } else {
+            xr[j + q] = mr + di;
+            xi[j + q] = mi - dr;
+            xr[j + 3 * q] = mr - di;
+            xi[j + 3 * q] = mi + dr;
+          }
         }
       }
     }
   }
+
+  // Decimation in frequency, natural input: the transpose of `dit` (the DFT matrix is
+  // symmetric), its stages in reverse order, each a 4-point DFT followed by the twiddles.
+  template <bool INV>
+  void dif(v8* re, v8* im) const {
+    constexpr float sg = INV ? -1.0f : 1.0f;
+    for (size_t stage = r4len.size(); stage-- > 0;) {
+      const int64_t len = r4len[stage], q = len / 4;
+      const float* tw = r4tw.data() + r4off[stage];
+      for (int64_t i = 0; i < n; i += len) {
+        v8* xr = re + i;
+        v8* xi = im + i;
+        for (int64_t j = 0; j < q; ++j) {
+          const float* w = tw + 6 * j;
+          const v8 w1r = splat(w[0]), w1i = splat(sg * w[1]), w2r = splat(w[2]),
+                   w2i = splat(sg * w[3]), w3r = splat(w[4]), w3i = splat(sg * w[5]);
+          const v8 x0r = xr[j], x0i = xi[j], x1r = xr[j + q], x1i = xi[j + q];
+          const v8 x2r = xr[j + 2 * q], x2i = xi[j + 2 * q], x3r = xr[j + 3 * q],
+                   x3i = xi[j + 3 * q];
+          const v8 ar = x0r + x2r, ai = x0i + x2i, br = x0r - x2r, bi = x0i - x2i;
+          const v8 cr = x1r + x3r, ci = x1i + x3i, dr = x1r - x3r, di = x1i - x3i;
+          // o0 = a + c, o1 = (a - c) W^2j, o2 = (b - i d) W^j, o3 = (b + i d) W^3j.
+          const v8 o1r = ar - cr, o1i = ai - ci;
+          v8 o2r, o2i, o3r, o3i;
+          if (INV) {
+            o2r = br - di, o2i = bi + dr, o3r = br + di, o3i = bi - dr;
+          } else {
+            o2r = br + di, o2i = bi - dr, o3r = br - di, o3i = bi + dr;
+          }
+          xr[j] = ar + cr;
+          xi[j] = ai + ci;
+          xr[j + q] = o1r * w2r - o1i * w2i;
+          xi[j + q] = o1r * w2i + o1i * w2r;
+          xr[j + 2 * q] = o2r * w1r - o2i * w1i;
+          xi[j + 2 * q] = o2r * w1i + o2i * w1r;
+          xr[j + 3 * q] = o3r * w3r - o3i * w3i;
+          xi[j + 3 * q] = o3r * w3i + o3i * w3r;
+        }
+      }
+    }
+    if (log2n & 1) radix2(re, im, n);
+  }
 };
+
+// Calls f(p, m) for every position p of a bit-reversed spectrum, m the position of its
+// conjugate-symmetric partner (frequency -k for k at p): p and m mirror each other inside each
+// octave [2^j, 2^(j+1)) of positions, positions 0 and 1 (frequencies 0 and n/2) are their own.
+template <typename F>
+inline void for_each_partner(int64_t n, F f) {
+  f(0, 0);
+  if (n > 1) f(1, 1);
+  for (int64_t lo = 2; lo < n; lo <<= 1)
+    for (int64_t p = lo; p < 2 * lo; ++p) f(p, 3 * lo - 1 - p);
+}
 
 // Per-thread scratch of `count` arrays of n vectors, reused across calls: fresh allocations of
 // this size (1 MB per array at n = 32768) would be page-faulted in on every call.
@@ -127,13 +181,11 @@ inline int64_t lanes_at(const Dims& d, int64_t h0) {
 }
 
 // Loads rows 0..rows-1 of x (row t at x + t * row_stride; channels [h0, h0 + 8) to re, channels
-// [h1, h1 + 8) to im), bit-reversed and zero-padded to n.
-void load_pair(const float* x, int64_t row_stride, int64_t rows, const Dims& d, const Plan& plan,
-               int64_t h0, int64_t h1, v8* re, v8* im) {
+// [h1, h1 + 8) to im), zero-padded to n.
+void load_pair(const float* x, int64_t row_stride, int64_t rows, const Dims& d, int64_t h0,
+               int64_t h1, v8* re, v8* im) {
   const int64_t l0 = lanes_at(d, h0), l1 = lanes_at(d, h1);
-  // Rows in order (the input streams; the bit-reversed writes land in the cached buffer).
   for (int64_t t = 0; t < d.n; ++t) {
-    const int64_t i = plan.rev[t];
     v8 r = splat(0.0f), m = splat(0.0f);
     if (t < rows) {
       const float* row = x + t * row_stride;
@@ -145,8 +197,8 @@ void load_pair(const float* x, int64_t row_stride, int64_t rows, const Dims& d, 
         for (int64_t c = 0; c < l1; ++c) m[c] = row[h1 + c];
       }
     }
-    re[i] = r;
-    im[i] = m;
+    re[t] = r;
+    im[t] = m;
   }
 }
 
@@ -173,10 +225,10 @@ struct Split {
   v8 r1, i1, r2, i2;
 };
 
-inline Split split(const v8* zr, const v8* zi, int64_t k, int64_t n) {
-  const int64_t m = (n - k) & (n - 1);
+// Z[k] at position p, Z[-k] at m (see for_each_partner).
+inline Split split(const v8* zr, const v8* zi, int64_t p, int64_t m) {
   const v8 h = splat(0.5f);
-  return {(zr[k] + zr[m]) * h, (zi[k] - zi[m]) * h, (zi[k] + zi[m]) * h, (zr[m] - zr[k]) * h};
+  return {(zr[p] + zr[m]) * h, (zi[p] - zi[m]) * h, (zi[p] + zi[m]) * h, (zr[m] - zr[p]) * h};
 }
 
 // Channel pairs: lane c of task g is channel 16g + c (real part) and 16g + 8 + c (imaginary
@@ -187,28 +239,28 @@ struct Group {
   explicit Group(int64_t g) : h0(16 * g), h1(16 * g + 8) {}
 };
 
-// Spectra K1, K2 of the circular kernels of the group's two channel sets.
+// Spectra K1, K2 (bit-reversed) of the circular kernels of the group's two channel sets.
 void kernel_spectra(const float* kc, const Dims& d, const Plan& plan, const Group& grp,
                     v8* zr, v8* zi, v8* k1r, v8* k1i, v8* k2r, v8* k2i) {
   const int64_t l0 = lanes_at(d, grp.h0), l1 = lanes_at(d, grp.h1);
-  for (int64_t i = 0; i < d.n; ++i) {
-    const int64_t t = plan.rev[i];
+  for (int64_t t = 0; t < d.n; ++t) {
     v8 r = splat(0.0f), m = splat(0.0f);
     for (int64_t c = 0; c < l0; ++c) r[c] = kc[(grp.h0 + c) * d.n + t];
     for (int64_t c = 0; c < l1; ++c) m[c] = kc[(grp.h1 + c) * d.n + t];
-    zr[i] = r;
-    zi[i] = m;
+    zr[t] = r;
+    zi[t] = m;
   }
-  plan.transform(zr, zi, false);
-  for (int64_t k = 0; k < d.n; ++k) {
-    const Split sp = split(zr, zi, k, d.n);
-    k1r[k] = sp.r1;
-    k1i[k] = sp.i1;
-    k2r[k] = sp.r2;
-    k2i[k] = sp.i2;
-  }
+  plan.dif<false>(zr, zi);
+  for_each_partner(d.n, [&](int64_t p, int64_t m) {
+    const Split sp = split(zr, zi, p, m);
+    k1r[p] = sp.r1;
+    k1i[p] = sp.i1;
+    k2r[p] = sp.r2;
+    k2i[p] = sp.i2;
+  });
 }
 
+// Spectra stay bit-reversed between `dif` and `dit` (pointwise products do not care).
 void forward_group(const float* u, const float* kc, const Dims& d, const Plan& plan, int64_t g,
                    float* y) {
   const Group grp(g);
@@ -216,22 +268,20 @@ void forward_group(const float* u, const float* kc, const Dims& d, const Plan& p
   v8* const w = scratch(8, n);
   v8 *k1r = w, *k1i = w + n, *k2r = w + 2 * n, *k2i = w + 3 * n, *zr = w + 4 * n,
      *zi = w + 5 * n, *pr = w + 6 * n, *pi = w + 7 * n;
-  kernel_spectra(kc, d, plan, grp, zr, zi, k1r, k1i, k2r,
-                 k2i);
+  kernel_spectra(kc, d, plan, grp, zr, zi, k1r, k1i, k2r, k2i);
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t b = 0; b < d.batch; ++b) {
-    load_pair(u + b * bs, rs, d.length, d, plan, grp.h0, grp.h1, zr, zi);
-    plan.transform(zr, zi, false);
-    // Y = U1 K1 + i U2 K2, written bit-reversed for the inverse transform.
-    for (int64_t k = 0; k < n; ++k) {
-      const Split sp = split(zr, zi, k, n);
-      const v8 ar = sp.r1 * k1r[k] - sp.i1 * k1i[k], ai = sp.r1 * k1i[k] + sp.i1 * k1r[k];
-      const v8 br = sp.r2 * k2r[k] - sp.i2 * k2i[k], bi = sp.r2 * k2i[k] + sp.i2 * k2r[k];
-      const int64_t dst = plan.rev[k];
-      pr[dst] = ar - bi;
-      pi[dst] = ai + br;
-    }
-    plan.transform(pr, pi, true);
+    load_pair(u + b * bs, rs, d.length, d, grp.h0, grp.h1, zr, zi);
+    plan.dif<false>(zr, zi);
+    // Y = U1 K1 + i U2 K2.
+    for_each_partner(n, [&](int64_t p, int64_t m) {
+      const Split sp = split(zr, zi, p, m);
+      const v8 ar = sp.r1 * k1r[p] - sp.i1 * k1i[p], ai = sp.r1 * k1i[p] + sp.i1 * k1r[p];
+      const v8 br = sp.r2 * k2r[p] - sp.i2 * k2i[p], bi = sp.r2 * k2i[p] + sp.i2 * k2r[p];
+      pr[p] = ar - bi;
+      pi[p] = ai + br;
+    });
+    plan.dit<true>(pr, pi);
     store_pair(pr, pi, rs, d.length, d, grp.h0, grp.h1, inv_n, y + b * bs);
   }
 }
@@ -245,38 +295,35 @@ void backward_group(const float* u, const float* kc, const float* dy, const Dims
      *ui = w + 5 * n, *yr = w + 6 * n, *yi = w + 7 * n, *pr = w + 8 * n, *pi = w + 9 * n,
      *s1r = w + 10 * n, *s1i = w + 11 * n, *s2r = w + 12 * n, *s2i = w + 13 * n;
   std::fill(s1r, s1r + 4 * n, splat(0.0f));
-  kernel_spectra(kc, d, plan, grp, ur, ui, k1r, k1i, k2r,
-                 k2i);
+  kernel_spectra(kc, d, plan, grp, ur, ui, k1r, k1i, k2r, k2i);
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t b = 0; b < d.batch; ++b) {
-    load_pair(u + b * bs, rs, d.length, d, plan, grp.h0, grp.h1, ur, ui);
-    load_pair(dy + b * bs, rs, d.length, d, plan, grp.h0, grp.h1, yr, yi);
-    plan.transform(ur, ui, false);
-    plan.transform(yr, yi, false);
-    for (int64_t k = 0; k < n; ++k) {
-      const Split su = split(ur, ui, k, n), sd = split(yr, yi, k, n);
+    load_pair(u + b * bs, rs, d.length, d, grp.h0, grp.h1, ur, ui);
+    load_pair(dy + b * bs, rs, d.length, d, grp.h0, grp.h1, yr, yi);
+    plan.dif<false>(ur, ui);
+    plan.dif<false>(yr, yi);
+    for_each_partner(n, [&](int64_t p, int64_t m) {
+      const Split su = split(ur, ui, p, m), sd = split(yr, yi, p, m);
       // S_c += conj(U_c) DY_c (the kernel gradients' spectra, summed over the batch).
-      s1r[k] += su.r1 * sd.r1 + su.i1 * sd.i1;
-      s1i[k] += su.r1 * sd.i1 - su.i1 * sd.r1;
-      s2r[k] += su.r2 * sd.r2 + su.i2 * sd.i2;
-      s2i[k] += su.r2 * sd.i2 - su.i2 * sd.r2;
-      // W = DY1 conj(K1) + i DY2 conj(K2), bit-reversed for the inverse.
-      const v8 ar = sd.r1 * k1r[k] + sd.i1 * k1i[k], ai = sd.i1 * k1r[k] - sd.r1 * k1i[k];
-      const v8 br = sd.r2 * k2r[k] + sd.i2 * k2i[k], bi = sd.i2 * k2r[k] - sd.r2 * k2i[k];
-      const int64_t dst = plan.rev[k];
-      pr[dst] = ar - bi;
-      pi[dst] = ai + br;
-    }
-    plan.transform(pr, pi, true);
+      s1r[p] += su.r1 * sd.r1 + su.i1 * sd.i1;
+      s1i[p] += su.r1 * sd.i1 - su.i1 * sd.r1;
+      s2r[p] += su.r2 * sd.r2 + su.i2 * sd.i2;
+      s2i[p] += su.r2 * sd.i2 - su.i2 * sd.r2;
+      // W = DY1 conj(K1) + i DY2 conj(K2).
+      const v8 ar = sd.r1 * k1r[p] + sd.i1 * k1i[p], ai = sd.i1 * k1r[p] - sd.r1 * k1i[p];
+      const v8 br = sd.r2 * k2r[p] + sd.i2 * k2i[p], bi = sd.i2 * k2r[p] - sd.r2 * k2i[p];
+      pr[p] = ar - bi;
+      pi[p] = ai + br;
+    });
+    plan.dit<true>(pr, pi);
     store_pair(pr, pi, rs, d.length, d, grp.h0, grp.h1, inv_n, du + b * bs);
   }
   // S1 + i S2 (both Hermitian) -> dkc1 + i dkc2.
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t dst = plan.rev[k];
-    pr[dst] = s1r[k] - s2i[k];
-    pi[dst] = s1i[k] + s2r[k];
+  for (int64_t p = 0; p < n; ++p) {
+    pr[p] = s1r[p] - s2i[p];
+    pi[p] = s1i[p] + s2r[p];
   }
-  plan.transform(pr, pi, true);
+  plan.dit<true>(pr, pi);
   const int64_t l0 = lanes_at(d, grp.h0), l1 = lanes_at(d, grp.h1);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t c = 0; c < l0; ++c) dkc[(grp.h0 + c) * n + t] = pr[t][c] * inv_n;
