@@ -221,6 +221,9 @@ def test_without_libtpu_it_says_how_to_install(monkeypatch, capsys):
     assert "pip install -e '.[tpu]'" in aot.INSTALL_HINT
 
 
+# ~2 min (a TPU compile of S4 at L = 16k); the Transformer's Path-X test above keeps the CLI's
+# fit check in the default suite, and test_all_paper_configs_compile covers S4 too.
+@pytest.mark.slow
 def test_cli_pathx_s4_pretrain_fits_a_v4_8(tmp_path):
     out = _aot(PATHX_S4, "--topology=v4-8", "--stage=pretrain", f"--json={tmp_path / 'r.json'}",
                timeout=1800)
