@@ -25,6 +25,25 @@ namespace {
 
 using namespace sptlib_cpu;  // NOLINT: v8, splat, parallel_for
 
+// A radix-4 butterfly's twiddles W^j, W^2j, W^3j from 6 floats (re, im), conjugated for the
+// inverse.
+struct Twiddles {
+  v8 r1, i1, r2, i2, r3, i3;
+};
+
+template <bool INV>
+inline Twiddles twiddles(const float* w) {
+  constexpr float sg = INV ? -1.0f : 1.0f;
+  return {splat(w[0]), splat(sg * w[1]), splat(w[2]),
+          splat(sg * w[3]), splat(w[4]), splat(sg * w[5])};
+}
+
+// (xr + i xi) (wr + i wi) into (*r, *i).
+inline void cmul(v8 xr, v8 xi, v8 wr, v8 wi, v8* r, v8* i) {
+  *r = xr * wr - xi * wi;
+  *i = xr * wi + xi * wr;
+}
+
 // In-place FFTs of n (a power of two) complex v8 values, radix 4 (one radix-2 stage where log2 n
 // is odd). `dif` takes natural order to bit-reversed order, `dit` bit-reversed to natural, so a
 // convolution (forward, pointwise product, inverse) never permutes: the bit-reversal passes
@@ -67,7 +86,6 @@ struct Plan {
   // W^(r (j + k q)) F_r[j].
   template <bool INV>
   void dit(v8* re, v8* im) const {
-    constexpr float sg = INV ? -1.0f : 1.0f;
     if (log2n & 1) radix2(re, im, n);
     for (size_t stage = 0; stage < r4len.size(); ++stage) {
       const int64_t len = r4len[stage], q = len / 4;
@@ -76,16 +94,12 @@ struct Plan {
         v8* xr = re + i;
         v8* xi = im + i;
         for (int64_t j = 0; j < q; ++j) {
-          const float* w = tw + 6 * j;
-          const v8 w1r = splat(w[0]), w1i = splat(sg * w[1]), w2r = splat(w[2]),
-                   w2i = splat(sg * w[3]), w3r = splat(w[4]), w3i = splat(sg * w[5]);
+          const Twiddles w = twiddles<INV>(tw + 6 * j);
           const v8 f0r = xr[j], f0i = xi[j];
-          const v8 ar = xr[j + q], ai = xi[j + q];          // F2
-          const v8 br = xr[j + 2 * q], bi = xi[j + 2 * q];  // F1
-          const v8 cr = xr[j + 3 * q], ci = xi[j + 3 * q];  // F3
-          const v8 f2r = ar * w2r - ai * w2i, f2i = ar * w2i + ai * w2r;
-          const v8 f1r = br * w1r - bi * w1i, f1i = br * w1i + bi * w1r;
-          const v8 f3r = cr * w3r - ci * w3i, f3i = cr * w3i + ci * w3r;
+          v8 f1r, f1i, f2r, f2i, f3r, f3i;
+          cmul(xr[j + q], xi[j + q], w.r2, w.i2, &f2r, &f2i);
+          cmul(xr[j + 2 * q], xi[j + 2 * q], w.r1, w.i1, &f1r, &f1i);
+          cmul(xr[j + 3 * q], xi[j + 3 * q], w.r3, w.i3, &f3r, &f3i);
           const v8 pr = f0r + f2r, pi = f0i + f2i, mr = f0r - f2r, mi = f0i - f2i;
           const v8 sr = f1r + f3r, si = f1i + f3i, dr = f1r - f3r, di = f1i - f3i;
           xr[j] = pr + sr;
@@ -113,7 +127,6 @@ struct Plan {
   // symmetric), its stages in reverse order, each a 4-point DFT followed by the twiddles.
   template <bool INV>
   void dif(v8* re, v8* im) const {
-    constexpr float sg = INV ? -1.0f : 1.0f;
     for (size_t stage = r4len.size(); stage-- > 0;) {
       const int64_t len = r4len[stage], q = len / 4;
       const float* tw = r4tw.data() + r4off[stage];
@@ -121,9 +134,7 @@ struct Plan {
         v8* xr = re + i;
         v8* xi = im + i;
         for (int64_t j = 0; j < q; ++j) {
-          const float* w = tw + 6 * j;
-          const v8 w1r = splat(w[0]), w1i = splat(sg * w[1]), w2r = splat(w[2]),
-                   w2i = splat(sg * w[3]), w3r = splat(w[4]), w3i = splat(sg * w[5]);
+          const Twiddles w = twiddles<INV>(tw + 6 * j);
           const v8 x0r = xr[j], x0i = xi[j], x1r = xr[j + q], x1i = xi[j + q];
           const v8 x2r = xr[j + 2 * q], x2i = xi[j + 2 * q], x3r = xr[j + 3 * q],
                    x3i = xi[j + 3 * q];
@@ -139,12 +150,9 @@ struct Plan {
           }
           xr[j] = ar + cr;
           xi[j] = ai + ci;
-          xr[j + q] = o1r * w2r - o1i * w2i;
-          xi[j + q] = o1r * w2i + o1i * w2r;
-          xr[j + 2 * q] = o2r * w1r - o2i * w1i;
-          xi[j + 2 * q] = o2r * w1i + o2i * w1r;
-          xr[j + 3 * q] = o3r * w3r - o3i * w3i;
-          xi[j + 3 * q] = o3r * w3i + o3i * w3r;
+          cmul(o1r, o1i, w.r2, w.i2, xr + j + q, xi + j + q);
+          cmul(o2r, o2i, w.r1, w.i1, xr + j + 2 * q, xi + j + 2 * q);
+          cmul(o3r, o3i, w.r3, w.i3, xr + j + 3 * q, xi + j + 3 * q);
         }
       }
     }
