@@ -15,6 +15,7 @@ from absl import app
 from absl import flags
 
 from sptlib import errors
+from sptlib import hostmem
 from sptlib import logs
 from ml_collections import config_flags
 
@@ -43,6 +44,7 @@ def main(argv):
 
 def run():
     """Console-script entry point (`spt-train`)."""
+    hostmem.reexec_with_huge_pages()  # long sequences' buffers: sptlib/hostmem.py
     app.run(main, flags_parser=functools.partial(errors.parse_absl_flags, prog=PROG))
 
 

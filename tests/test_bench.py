@@ -20,7 +20,7 @@ def test_cli_reduced_quick_writes_valid_json_lines(tmp_path):
     md = tmp_path / "bench.md"
     md.write_text("# Benchmarks\n\nHand-written analysis.\n")
     cmd = [sys.executable, "-m", "sptlib.bench", "--quick", "--only", "mixers", "--lengths",
-           "256", "--mixers", "s4d,attention_plain", "--no-baselines", "--repeats", "2",
+           "128,256", "--mixers", "s4d,attention_plain", "--no-baselines", "--repeats", "2",
            "--kinds", "forward_backward", "--markdown", str(md)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,11 +32,16 @@ def test_cli_reduced_quick_writes_valid_json_lines(tmp_path):
         assert all(k in r for k in REQUIRED), r
     for r in recs:
         if r["kind"] == "forward_backward":
-            assert r["length"] == 256 and r["seconds"] > 0 and r["peak_bytes"] > 0
+            assert r["length"] in (128, 256) and r["seconds"] > 0 and r["peak_bytes"] > 0
             # tokens/s is batch * length / median seconds.
-            assert r["tokens_per_s"] == pytest.approx(r["batch"] * 256 / r["seconds"], rel=1e-6)
+            assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["length"] / r["seconds"],
+                                                      rel=1e-6)
     s4d = next(r for r in recs if r["name"] == "s4d")
     assert s4d["batch"] == 8 and s4d["d_model"] == 256
+    # --quick: the exponent from 2 passes over both lengths, the sweep's kept beside it.
+    scal = [r for r in recs if r["kind"] == "scaling"]
+    assert [r["name"] for r in scal] == ["s4d"]
+    assert len(scal[0]["pass_exponents"]) == 2 and "sweep_exponent" in scal[0]
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\nHand-written analysis.")
     assert "python -m sptlib.bench --quick --only mixers" in text
@@ -93,6 +98,28 @@ def test_scaling_exponent_and_target():
     # Without the 1k..16k range no target applies.
     short = mixers.scaling_records([_fb("s4d", 256, 1.0), _fb("s4d", 1024, 4.0)])
     assert short[0]["exponent"] == pytest.approx(1.0) and "target" not in short[0]
+
+
+def test_scaling_from_passes_takes_per_length_medians():
+    lengths = [1024, 4096, 16384]
+    sweep = [_fb("s4d", 1024, 1.0), _fb("s4d", 4096, 4.0), _fb("s4d", 16384, 32.0)]
+    # Three passes; the middle one hit a slow phase at 16k only. Medians: 1, 4, 16 -> exactly L^1.
+    passes = {"s4d": [{1024: 1.0, 4096: 4.0, 16384: 16.0},
+                      {1024: 1.1, 4096: 4.0, 16384: 40.0},
+                      {1024: 0.9, 4096: 4.4, 16384: 15.0}],
+              "s5": [{1024: 1.0}]}  # lengths that do not match the sweep's are ignored
+    recs = sweep + [_fb("s5", n, 1e-3 * n ** 1.2) for n in lengths]
+    out = {r["name"]: r for r in mixers.scaling_records(recs, passes)}
+    s4d = out["s4d"]
+    assert s4d["exponent"] == pytest.approx(1.0, abs=1e-9)
+    assert s4d["seconds"] == 16.0
+    assert s4d["sweep_exponent"] == pytest.approx(1.25, abs=1e-3)   # 32 = 16 * 2: 1.25
+    assert s4d["pass_exponents"][1] > 1.25
+    assert s4d["target"] == 1.05 and s4d["target_met"]             # the S4D target
+    assert out["s5"]["exponent"] == pytest.approx(1.2, abs=1e-3) and "sweep_exponent" not in out["s5"]
+    assert out["s5"]["target"] == 1.15
+    table = markdown.render(list(out.values()), common.machine_info(), "cmd", section="t")
+    assert "| s4d | 1024–16384 | 1 | 1 | 1, " in table
 
 
 def test_s4d_target_fields():

@@ -18,6 +18,10 @@ import shlex
 import sys
 import tempfile
 
+if __name__ == "__main__":  # before JAX is imported: huge pages need a fresh process
+    from sptlib import hostmem
+    hostmem.reexec_with_huge_pages()
+
 from sptlib.bench import common, markdown, mixers, peers, pipeline, train_step
 
 SECTIONS = ("mixers", "train", "pipeline", "matmul", "peer")  # peer: only with --peer
@@ -51,6 +55,9 @@ def parse_args(argv):
                         "256,1024)")
     p.add_argument("--mixers", type=_names, default=None, help="mixer names (default all)")
     p.add_argument("--kinds", type=_names, default=("forward", "forward_backward"))
+    p.add_argument("--scaling-passes", type=int, default=None,
+                   help="passes over all lengths behind each SSM scaling exponent (default 3, "
+                        "quick 2; 0: the exponent of the sweep's single timing per length)")
     p.add_argument("--no-baselines", action="store_true",
                    help="skip fft-vs-direct convolution and parallel-vs-sequential scan")
     p.add_argument("--memory", choices=("analysis", "rss"), default="analysis",
@@ -134,7 +141,9 @@ def main(argv=None):
             repeats=args.repeats or (3 if q else 5),
             max_seconds=args.max_seconds or (2.0 if q else 15.0),
             memory_cap_bytes=args.memory_cap_gb * 2 ** 30, memory=args.memory,
-            direct_max_length=args.direct_max_length or (256 if q else 1024))
+            direct_max_length=args.direct_max_length or (256 if q else 1024),
+            scaling_passes=(2 if q else 3) if args.scaling_passes is None
+            else args.scaling_passes)
         lengths = args.lengths or ((1024, 4096) if q else (1024, 2048, 4096, 8192, 16384))
         names = args.mixers or mixers.ALL_MIXERS
         unknown = [n for n in names if n not in mixers.ALL_MIXERS]

@@ -124,12 +124,16 @@ def render(records, machine, command, machine_end=None, section="full"):
     scal = [r for r in records if r.get("kind") == "scaling"]
     if scal:
         lines += ["### SSM step-time scaling (forward+backward, log-log least squares)", "",
-                  "| mixer | lengths | exponent | endpoint exponent | target |",
-                  "|---|---|---:|---:|---|"]
+                  "Exponent: from each length's median over passes that time every length in "
+                  "turn (so a drift of the machine's speed hits all lengths alike); per pass "
+                  "and from the single-block sweep above for comparison.", "",
+                  "| mixer | lengths | exponent | endpoint exponent | per pass | sweep | target |",
+                  "|---|---|---:|---:|---|---:|---|"]
         for r in scal:
+            per_pass = ", ".join(_f(e) for e in r.get("pass_exponents", ())) or "—"
             lines.append(f"| {r['name']} | {r['length_from']}–{r['length_to']} | "
-                         f"{_f(r['exponent'])} | {_f(r['endpoint_exponent'])} | "
-                         f"{_target_cell(r)} |")
+                         f"{_f(r['exponent'])} | {_f(r['endpoint_exponent'])} | {per_pass} | "
+                         f"{_f(r.get('sweep_exponent'))} | {_target_cell(r)} |")
         lines.append("")
 
     base = [r for r in records if r.get("kind") in ("forward", "forward_backward")

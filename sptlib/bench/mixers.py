@@ -40,8 +40,10 @@ ALL_MIXERS = ATTENTION_MIXERS + SSM_MIXERS
 # reference's 20.9k / 18.8k / 18.2k tokens/s at L = 1k / 4k / 16k on this kind of machine.
 S4D_TARGETS = {1024: 52_000.0, 4096: 47_000.0, 16384: 45_000.0}
 S4D_REFERENCE = {1024: 20_900.0, 4096: 18_800.0, 16384: 18_200.0}
-# SSM step time must grow no faster than L^1.15 from 1k to 16k.
+# SSM step time must grow no faster than L^1.15 from 1k to 16k; S4D's no faster than L^1.05
+# (the performance issue's scaling criterion).
 SCALING_TARGET = 1.15
+SCALING_TARGETS = {"s4d": 1.05}
 # Memory-efficient attention, L = 16,384, batch 1, 8 heads, d = 256, forward+backward: < 4 GB.
 ATTENTION_MEMORY_TARGET = 4e9
 
@@ -62,6 +64,7 @@ class MixerSettings:
     memory_cap_bytes: float = 8 * 2 ** 30
     memory: str = "analysis"          # analysis | rss
     direct_max_length: int = 2048
+    scaling_passes: int = 3           # passes over all lengths behind each scaling exponent
 
 
 def mixer_module(name, s):
@@ -281,11 +284,22 @@ def apply_targets(rec):
     return rec
 
 
-def scaling_records(records):
+def _exponents(pts):
+    """(least-squares log-log slope, endpoint slope) of {length: seconds}."""
+    ls = sorted(pts)
+    x, y = np.log(ls), np.log([pts[length] for length in ls])
+    return float(np.polyfit(x, y, 1)[0]), float((y[-1] - y[0]) / (x[-1] - x[0]))
+
+
+def scaling_records(records, passes=None):
     """Step-time scaling exponent per SSM mixer (forward+backward), least squares on log-log.
 
-    The target (<= 1.15) applies when the measured range spans 1k to 16k.
+    `passes` ({name: [{length: seconds}, ...]}, from `scaling_passes`): where given, the exponent
+    comes from the per-length medians over the passes, and the sweep's single-block exponent is
+    kept as `sweep_exponent`. The target (<= 1.15, S4D <= 1.05) applies when the measured range
+    spans 1k to 16k.
     """
+    passes = passes or {}
     out = []
     by_name = {}
     for r in records:
@@ -294,16 +308,45 @@ def scaling_records(records):
     for name, pts in by_name.items():
         if len(pts) < 2:
             continue
+        sweep = pts
+        runs = [p for p in passes.get(name, ()) if set(p) == set(sweep)]
+        if runs:
+            pts = {length: float(np.median([p[length] for p in runs])) for length in sweep}
+        slope, endpoint = _exponents(pts)
         ls = sorted(pts)
-        x, y = np.log(ls), np.log([pts[length] for length in ls])
-        slope = float(np.polyfit(x, y, 1)[0])
-        endpoint = float((y[-1] - y[0]) / (x[-1] - x[0]))
         rec = {"name": name, "kind": "scaling", "length": ls[-1], "length_from": ls[0],
                "length_to": ls[-1], "exponent": round(slope, 4),
                "endpoint_exponent": round(endpoint, 4), "seconds": pts[ls[-1]]}
+        if runs:
+            rec.update(method=f"median of {len(runs)} passes over all lengths",
+                       sweep_exponent=round(_exponents(sweep)[0], 4),
+                       pass_exponents=[round(_exponents(p)[0], 4) for p in runs])
         if ls[0] <= 1024 and ls[-1] >= 16384:
-            common.with_target(rec, slope, SCALING_TARGET, "<=")
+            common.with_target(rec, slope, SCALING_TARGETS.get(name, SCALING_TARGET), "<=")
         out.append(rec)
+    return out
+
+
+def scaling_passes(name, lengths, s):
+    """[{length: seconds}] per pass: `s.scaling_passes` passes, each timing every length in turn
+    (one warm-up call, then the median of up to `s.repeats` back-to-back calls).
+
+    Why passes: this VM's speed drifts by up to ~1.7x over minutes, and the sweep times each
+    length once, in one block of seconds, so drift between blocks reads as scaling (S4D's sweep
+    exponent ranged 0.97-1.12 over runs of the same code). Across passes a slow phase falls on
+    different lengths, and the per-length median leaves it out. The warm-up call matters: the first call after a call at another length pays
+    for fresh memory (a 1k step straight after a 16k one ran 2x slower).
+    """
+    module, batch, d_model, _ = mixer_module(name, s)
+    calls = {}
+    for length in lengths:
+        _, fwdbwd, variables, x = _functions(module, batch, d_model, length)
+        calls[length] = (fwdbwd.lower(variables, x).compile(), variables, x)
+    out = []
+    for _ in range(s.scaling_passes):
+        out.append({length: common.time_call(c, v, x, repeats=s.repeats,
+                                             max_seconds=s.max_seconds / 3)[0]
+                    for length, (c, v, x) in calls.items()})
     return out
 
 
@@ -362,7 +405,14 @@ def run(lengths, mixers, s, *, kinds=("forward", "forward_backward"), baselines=
                         # Longer lengths fail or exceed the memory cap as well.
                         dead = f"{rec['kind']} at length {length}"
                     break
-    for rec in attention_ratios(records) + scaling_records(records):
+    passes = {}
+    if s.scaling_passes and "forward_backward" in kinds and len(lengths) > 1:
+        for name in mixers:
+            ok = {r["length"] for r in records if r["name"] == name
+                  and r.get("kind") == "forward_backward"}
+            if name in SSM_MIXERS and ok == set(lengths):
+                passes[name] = scaling_passes(name, lengths, s)
+    for rec in attention_ratios(records) + scaling_records(records, passes):
         records.append(emit(rec))
     if baselines:
         for length in lengths:
