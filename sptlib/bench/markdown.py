@@ -125,8 +125,8 @@ def render(records, machine, command, machine_end=None, section="full"):
     if scal:
         lines += ["### SSM step-time scaling (forward+backward, log-log least squares)", "",
                   "Exponent: from each length's median over passes that time every length in "
-                  "turn (so a drift of the machine's speed hits all lengths alike); per pass "
-                  "and from the single-block sweep above for comparison.", "",
+                  "turn (so a slow phase of the machine does not land on one length alone); "
+                  "per pass and from the single-block sweep above for comparison.", "",
                   "| mixer | lengths | exponent | endpoint exponent | per pass | sweep | target |",
                   "|---|---|---:|---:|---|---:|---|"]
         for r in scal:

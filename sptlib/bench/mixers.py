@@ -334,8 +334,9 @@ def scaling_passes(name, lengths, s):
     Why passes: this VM's speed drifts by up to ~1.7x over minutes, and the sweep times each
     length once, in one block of seconds, so drift between blocks reads as scaling (S4D's sweep
     exponent ranged 0.97-1.12 over runs of the same code). Across passes a slow phase falls on
-    different lengths, and the per-length median leaves it out. The warm-up call matters: the first call after a call at another length pays
-    for fresh memory (a 1k step straight after a 16k one ran 2x slower).
+    different lengths, and the per-length median leaves it out. The warm-up call matters: the
+    first call after a call at another length pays for fresh memory (a 1k step straight after a
+    16k one ran 2x slower).
     """
     module, batch, d_model, _ = mixer_module(name, s)
     calls = {}
@@ -411,7 +412,12 @@ def run(lengths, mixers, s, *, kinds=("forward", "forward_backward"), baselines=
             ok = {r["length"] for r in records if r["name"] == name
                   and r.get("kind") == "forward_backward"}
             if name in SSM_MIXERS and ok == set(lengths):
-                passes[name] = scaling_passes(name, lengths, s)
+                try:
+                    passes[name] = scaling_passes(name, lengths, s)
+                except Exception as e:  # noqa: BLE001 - the sweep's exponent is still reported
+                    records.append(emit({"name": name, "kind": "error", "of_kind": "scaling",
+                                         "length": max(lengths),
+                                         "error": f"{type(e).__name__}: {str(e)[:300]}"}))
     for rec in attention_ratios(records) + scaling_records(records, passes):
         records.append(emit(rec))
     if baselines:
