@@ -46,6 +46,7 @@ from ml_collections import config_flags
 from sptlib import compare_jobs
 from sptlib.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
 from sptlib import errors
+from sptlib import hostmem
 from sptlib import lmreport
 from sptlib import logs
 from sptlib import report
@@ -382,7 +383,6 @@ def _main():
 def run():
     """Console-script entry point (`spt-compare`)."""
     import functools
-    from sptlib import hostmem
     hostmem.reexec_with_huge_pages()  # long sequences' buffers (its workers inherit it)
     flags.mark_flags_as_required(["config", "workdir"])
     app.run(main, flags_parser=functools.partial(errors.parse_absl_flags,
