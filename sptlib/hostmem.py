@@ -7,7 +7,7 @@ again, 4 KiB at a time. With huge pages it is 2 MiB at a time. Measured on the 2
 machine (`[8 * L, 256] @ [256, 512]` float32, ms per 8,192 tokens): 5.0 at L = 1k, 12.8 at 16k
 with 4 KiB pages, 6.5 at 16k with huge pages; the S4D block's forward+backward at 16k
 (batch 8, H 256, N 64) ran at 88-117k tokens/s without, 148-162k with (separate runs; the S4D
-scaling exponent from 1k to 16k 1.00 with, 1.03-1.04 without).
+scaling exponent from 1k to 16k 1.00 with, 1.04-1.05 without).
 
 How. The switch is glibc's tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35: malloc calls
 `madvise(MADV_HUGEPAGE)` on the memory it maps). Tunables are read once, when the process
