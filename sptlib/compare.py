@@ -383,7 +383,7 @@ def _main():
 def run():
     """Console-script entry point (`spt-compare`)."""
     import functools
-    hostmem.reexec_with_huge_pages()  # long sequences' buffers (its workers inherit it)
+    hostmem.reexec_with_malloc_tunables()  # reuse freed buffers (its workers inherit it)
     flags.mark_flags_as_required(["config", "workdir"])
     app.run(main, flags_parser=functools.partial(errors.parse_absl_flags,
                                                  prog="sptlib.compare"))

@@ -1,32 +1,48 @@
-"""Host memory: glibc's malloc asked for transparent huge pages (opt-in, `SPTLIB_HUGEPAGES=1`).
+"""Host memory: glibc's malloc told to keep freed memory for reuse (the command-line default).
 
-Why. XLA:CPU allocates every buffer of a step afresh, and glibc serves allocations above 32 MiB
-with a new `mmap`, returned to the kernel when freed. At long lengths most buffers are that
-large (one `[8, 16384, 512]` float32 activation is 256 MiB), so each step faults in all of them
-again, 4 KiB at a time. With huge pages it is 2 MiB at a time. Measured on the 2-core CPU
-machine (`[8 * L, 256] @ [256, 512]` float32, ms per 8,192 tokens): 5.0 at L = 1k, 12.8 at 16k
-with 4 KiB pages, 6.5 at 16k with huge pages; the S4D block's forward+backward at 16k
-(batch 8, H 256, N 64) ran at 88-117k tokens/s without, 148-162k with (separate runs; the S4D
-scaling exponent from 1k to 16k 1.00 with, 1.04-1.05 without).
+Why. XLA:CPU allocates every buffer of a step afresh (one temp buffer per call: 66 MiB for the
+S4D block's forward+backward at L = 1k, batch 8, H 256, N 64; 0.96 GiB at 16k), and glibc
+serves allocations above 32 MiB with a new `mmap` that it returns to the kernel when freed. So
+each step faults all its memory in again, 4 KiB at a time, and unmaps it (with TLB shootdowns
+across the cores): measured on the 2-core CPU machine, ~20k page faults per 8,192 tokens and
+37-72 ms of system time per 8,192 tokens at every length, about half of the S4D block's time.
+How much depends on the call rate and on the machine's state, so the S4D scaling exponent from
+1k to 16k read anything from 0.97 to 1.12 over runs of the same code. Keeping freed memory in
+the heap (no per-buffer mmap, no trimming) removes the faults after the first step: the same
+block ran at 39.0 / 41.3 / 42.1 ms per 8,192 tokens at 1k / 4k / 16k (system time ~0, exponent
+~1.03), against 98 / 68 / 65 ms with glibc's defaults in the same hour.
 
-How. The switch is glibc's tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35: malloc calls
-`madvise(MADV_HUGEPAGE)` on the memory it maps). Tunables are read once, when the process
-starts, so with `SPTLIB_HUGEPAGES=1` sptlib's command-line programs call
-`reexec_with_huge_pages()` first, which re-executes the same command line with the tunable added
-to `GLIBC_TUNABLES`, before anything heavy is imported. It does nothing without that variable,
-where the switch cannot apply (not Linux/glibc >= 2.35, transparent huge pages set to `never`)
-or where it is set already (setting `GLIBC_TUNABLES` yourself needs no re-execution).
+How. glibc reads its tunables (`GLIBC_TUNABLES`) once, when a process starts, so the
+command-line programs (`sptlib.main`, `sptlib.compare`, `sptlib.bench`) call
+`reexec_with_malloc_tunables()` first, which re-executes the same command line with these
+added, before anything heavy is imported:
 
-Why opt-in: it changes the whole process' malloc, other libraries' included. PyTorch in
-`sptlib.bench --peer torch` gains more from it than sptlib where it materialises large tensors
-(the reference S4 block's Cauchy fallback ran 2.9x faster at L = 1k), so the side-by-side
-acceptance run compares both libraries with the default 4 KiB pages.
+- `SPTLIB_MALLOC=retain` (the default): `glibc.malloc.mmap_max=0` (large blocks come from the
+  heap, not from fresh mappings), `glibc.malloc.trim_threshold=1 TiB` (freed memory is not given
+  back), `glibc.malloc.arena_max=1` (one heap for all threads: a thread's own arena would still
+  map blocks above 64 MiB afresh). The process' resident memory then stays at its peak, as with
+  any framework's caching allocator.
+- `SPTLIB_MALLOC=system`: glibc's defaults.
+- `SPTLIB_HUGEPAGES=1` (either mode): also `glibc.malloc.hugetlb=1` (glibc >= 2.35: malloc asks
+  for transparent huge pages), where transparent huge pages are not set to `never`.
+
+A tunable the user has put in `GLIBC_TUNABLES` keeps the user's value. Nothing happens where the
+switch cannot apply (not Linux/glibc >= 2.26) or where every tunable is set already, e.g. in the
+re-executed process and in `sptlib.compare`'s workers, which inherit it.
+
+It changes the whole process' malloc: in `sptlib.bench --peer torch` the PyTorch reference blocks
+run in the same process with the same allocator (they gain more than sptlib: their large
+temporaries were page-fault-bound too). Library users who call sptlib from their own programs get
+the same effect by starting Python with the tunables above in `GLIBC_TUNABLES`.
 """
 
 import os
 import sys
 
-TUNABLE = "glibc.malloc.hugetlb"
+MODES = ("retain", "system")
+RETAIN = (("glibc.malloc.mmap_max", "0"), ("glibc.malloc.trim_threshold", str(1 << 40)),
+          ("glibc.malloc.arena_max", "1"))
+HUGE_PAGES = (("glibc.malloc.hugetlb", "1"),)
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -46,22 +62,45 @@ def _thp_enabled():
         return False
 
 
-def huge_pages_env(environ=None):
-    """The environment to re-execute with, or None unless asked for (`SPTLIB_HUGEPAGES=1`), when
-    the switch is set already or cannot apply here."""
+def wanted_tunables(environ=None):
+    """[(tunable, value)] that `SPTLIB_MALLOC` / `SPTLIB_HUGEPAGES` ask for here (see the module
+    docstring); raises ValueError naming the variable for an unknown mode."""
+    environ = os.environ if environ is None else environ
+    mode = environ.get("SPTLIB_MALLOC", "retain").strip().lower() or "retain"
+    if mode not in MODES:
+        raise ValueError(f"SPTLIB_MALLOC={environ['SPTLIB_MALLOC']!r}: expected one of "
+                         f"{', '.join(MODES)}")
+    glibc = _glibc_version() or (0, 0)
+    if not sys.platform.startswith("linux") or glibc < (2, 26):
+        return []
+    out = list(RETAIN) if mode == "retain" else []
+    if environ.get("SPTLIB_HUGEPAGES", "0") == "1" and glibc >= (2, 35) and _thp_enabled():
+        out += HUGE_PAGES
+    return out
+
+
+def malloc_env(environ=None):
+    """The environment to re-execute with, or None where nothing is to be added (nothing asked
+    for, not applicable here, or every asked-for tunable set already, by the user or by an
+    earlier re-execution). Raises ValueError for a bad `SPTLIB_MALLOC`."""
     environ = os.environ if environ is None else environ
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if (environ.get("SPTLIB_HUGEPAGES", "0") != "1" or TUNABLE in tunables
-            or not sys.platform.startswith("linux") or (_glibc_version() or (0, 0)) < (2, 35)
-            or not _thp_enabled()):
+    present = {t.split("=", 1)[0].strip() for t in tunables.split(":") if t.strip()}
+    missing = [f"{k}={v}" for k, v in wanted_tunables(environ) if k not in present]
+    if not missing:
         return None
-    return dict(environ, GLIBC_TUNABLES=":".join(t for t in (tunables, f"{TUNABLE}=1") if t))
+    return dict(environ, GLIBC_TUNABLES=":".join([t for t in (tunables,) if t] + missing))
 
 
-def reexec_with_huge_pages():
-    """Replaces this process by the same command line with huge pages switched on (see the
-    module docstring); returns only where that does not apply. Call it first in a `__main__`."""
-    env = huge_pages_env()
+def reexec_with_malloc_tunables():
+    """Replaces this process by the same command line with the malloc tunables added (see the
+    module docstring); returns only where there is nothing to add. Call it first in a
+    `__main__`. A bad `SPTLIB_MALLOC` exits with status 2 and one line saying so."""
+    try:
+        env = malloc_env()
+    except ValueError as e:
+        print(f"sptlib: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if env is not None:
         sys.stdout.flush()
         sys.stderr.flush()

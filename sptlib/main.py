@@ -44,7 +44,7 @@ def main(argv):
 
 def run():
     """Console-script entry point (`spt-train`)."""
-    hostmem.reexec_with_huge_pages()  # long sequences' buffers: sptlib/hostmem.py
+    hostmem.reexec_with_malloc_tunables()  # reuse freed buffers: sptlib/hostmem.py
     app.run(main, flags_parser=functools.partial(errors.parse_absl_flags, prog=PROG))
 
 

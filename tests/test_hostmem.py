@@ -1,6 +1,7 @@
-"""sptlib.hostmem: asked to (SPTLIB_HUGEPAGES=1), the command-line programs re-execute themselves
-with glibc's malloc asking for transparent huge pages, once, with the same command line, and not
-where it cannot apply."""
+"""sptlib.hostmem: the command-line programs re-execute themselves once, with the same command line,
+with glibc's malloc told to keep freed memory (SPTLIB_MALLOC=retain, the default) and, asked to,
+to use huge pages (SPTLIB_HUGEPAGES=1); the user's own tunables win; and the retained memory is
+real: a second large allocation takes no page faults."""
 
 import os
 import subprocess
@@ -11,38 +12,99 @@ import pytest
 from sptlib import hostmem
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ON = {"SPTLIB_HUGEPAGES": "1"}
-APPLIES = hostmem.huge_pages_env(ON) is not None
+APPLIES = bool(hostmem.wanted_tunables({}))
+RETAIN = ("glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776:"
+          "glibc.malloc.arena_max=1")
+HUGE = bool(hostmem.wanted_tunables({"SPTLIB_MALLOC": "system", "SPTLIB_HUGEPAGES": "1"}))
+needs_glibc = pytest.mark.skipif(not APPLIES, reason="not Linux with glibc >= 2.26")
 
 
-def test_env_adds_the_tunable_once_and_keeps_others():
-    assert hostmem.huge_pages_env({}) is None  # off unless asked for
-    assert hostmem.huge_pages_env({"SPTLIB_HUGEPAGES": "0"}) is None
-    if not APPLIES:
-        return
-    env = hostmem.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "A": "1", **ON})
-    assert env == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "A": "1",
-                   **ON}
-    assert hostmem.huge_pages_env(ON)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    # Set already (by the user or by the re-executed process itself): nothing to do.
-    assert hostmem.huge_pages_env(env) is None
-    assert hostmem.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0", **ON}) is None
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", "SPTLIB_MALLOC", "SPTLIB_HUGEPAGES")}
+    env.update(extra)
+    return env
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_reexecutes_once_with_the_same_command_line(on):
-    # A real process and a real execve: the probe prints what it sees, then asks for huge pages;
-    # the re-executed probe prints again (now with the tunable) and asks again, a no-op.
+@needs_glibc
+def test_env_adds_the_retain_tunables_once_and_keeps_the_users():
+    assert hostmem.malloc_env({})["GLIBC_TUNABLES"] == RETAIN  # the default
+    assert hostmem.malloc_env({"SPTLIB_MALLOC": "system"}) is None
+    env = hostmem.malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4", "A": "1"})
+    # The user's arena_max stays; the other two are added after it.
+    assert env == {"A": "1", "GLIBC_TUNABLES": "glibc.malloc.arena_max=4:glibc.malloc.mmap_max=0:"
+                                               "glibc.malloc.trim_threshold=1099511627776"}
+    assert hostmem.malloc_env(env) is None  # set already: the re-executed process does nothing
+    if HUGE:
+        both = hostmem.malloc_env({"SPTLIB_HUGEPAGES": "1"})["GLIBC_TUNABLES"]
+        assert both == RETAIN + ":glibc.malloc.hugetlb=1"
+        only = hostmem.malloc_env({"SPTLIB_HUGEPAGES": "1", "SPTLIB_MALLOC": "system"})
+        assert only["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+
+
+def test_unknown_mode_names_the_variable():
+    with pytest.raises(ValueError, match="SPTLIB_MALLOC='keep'.*retain, system"):
+        hostmem.wanted_tunables({"SPTLIB_MALLOC": "keep"})
+    out = subprocess.run([sys.executable, "-c", "from sptlib import hostmem; "
+                          "hostmem.reexec_with_malloc_tunables()"], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, env=_clean_env(SPTLIB_MALLOC="keep"))
+    assert out.returncode == 2 and "SPTLIB_MALLOC='keep'" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("mode", ["retain", "system"])
+def test_reexecutes_once_with_the_same_command_line(mode):
+    # A real process and a real execve: the probe prints what it sees, then asks for the
+    # tunables; the re-executed probe prints again (now with them) and asks again, a no-op.
     probe = ("import os, sys; print('TUNABLES=' + os.environ.get('GLIBC_TUNABLES', ''), "
              "'ARGV=' + ' '.join(sys.argv[1:]), flush=True); "
-             "from sptlib import hostmem; hostmem.reexec_with_huge_pages(); print('DONE')")
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SPTLIB_HUGEPAGES")}
-    if on:
-        env.update(ON)
+             "from sptlib import hostmem; hostmem.reexec_with_malloc_tunables(); print('DONE')")
     out = subprocess.run([sys.executable, "-c", probe, "x", "--y=1"], capture_output=True,
-                         text=True, timeout=60, cwd=REPO, env=env)
+                         text=True, timeout=60, cwd=REPO, env=_clean_env(SPTLIB_MALLOC=mode))
     assert out.returncode == 0, out.stderr[-2000:]
     expected = ["TUNABLES= ARGV=x --y=1"]
-    if APPLIES and on:
-        expected.append("TUNABLES=glibc.malloc.hugetlb=1 ARGV=x --y=1")
+    if APPLIES and mode == "retain":
+        expected.append(f"TUNABLES={RETAIN} ARGV=x --y=1")
     assert out.stdout.splitlines() == expected + ["DONE"]
+
+
+# Allocates, touches and frees 256 MiB twice (from a second thread too, as XLA's pool does) and
+# prints the minor page faults the second round took (the kernel's count, getrusage).
+_FAULTS = """
+import ctypes, resource, threading
+from sptlib import hostmem
+hostmem.reexec_with_malloc_tunables()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+size = 256 << 20
+def round_trip():
+    p = libc.malloc(size)
+    ctypes.memset(p, 1, size)
+    libc.free(p)
+def in_thread():
+    t = threading.Thread(target=round_trip)
+    t.start()
+    t.join()
+round_trip()
+in_thread()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+round_trip()
+in_thread()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@needs_glibc
+@pytest.mark.parametrize("mode", ["retain", "system"])
+def test_retained_memory_takes_no_page_faults_the_second_time(mode):
+    out = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, env=_clean_env(SPTLIB_MALLOC=mode))
+    assert out.returncode == 0, out.stderr[-2000:]
+    faults = int(out.stdout.split()[-1])
+    huge_pages = 2 * (256 << 20) // (2 << 20)  # two rounds of 256 MiB in 2 MiB pages
+    if mode == "retain":
+        assert faults < huge_pages // 2, faults
+    else:  # fresh mappings each time: every page faults again (65,536 per round in 4 KiB
+        # pages; at least one per 2 MiB where transparent huge pages serve them)
+        assert faults >= huge_pages, faults

@@ -18,9 +18,9 @@ import shlex
 import sys
 import tempfile
 
-if __name__ == "__main__":  # before JAX is imported: huge pages need a fresh process
+if __name__ == "__main__":  # before JAX is imported: malloc's tunables need a fresh process
     from sptlib import hostmem
-    hostmem.reexec_with_huge_pages()
+    hostmem.reexec_with_malloc_tunables()
 
 from sptlib.bench import common, markdown, mixers, peers, pipeline, train_step
 

@@ -33,6 +33,8 @@ TARGETS = {
     "sptlib_fft_conv_fwd": "SptlibFftConvFwd",
     "sptlib_fft_conv_bwd": "SptlibFftConvBwd",
     "sptlib_weight_grad": "SptlibWeightGrad",
+    "sptlib_cauchy_fwd": "SptlibCauchyFwd",
+    "sptlib_cauchy_bwd": "SptlibCauchyBwd",
 }
 _lock = threading.Lock()
 _state = {}  # "ok": bool, "why": str (set once)

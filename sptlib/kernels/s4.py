@@ -17,6 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sptlib.kernels import native
 from sptlib.kernels.diagonal import _complex_dtype
 
 
@@ -78,6 +79,80 @@ def _cauchy_conj(v, lam, dt, z, chunk=None):
     return s[..., :nodes]
 
 
+# ---------------------------------------------------------------------------------------------
+# The native XLA:CPU path: the Cauchy sums with every denominator in registers
+# (sptlib/kernels/cpu/cauchy.cc); same function as `_cauchy_conj_dense`, complex64 only.
+# ---------------------------------------------------------------------------------------------
+
+_CAUCHY_FWD, _CAUCHY_BWD = "sptlib_cauchy_fwd", "sptlib_cauchy_bwd"
+
+
+def _parts(*xs):
+    return [p for x in xs for p in (jnp.real(x), jnp.imag(x))]
+
+
+def _cauchy_kernel_fwd(vr, vi, lr, li, ar, ai, br, bi):
+    s = jax.ShapeDtypeStruct(vr.shape[:2] + ar.shape[1:], jnp.complex64)
+    return (jax.ffi.ffi_call(_CAUCHY_FWD, s, vmap_method="sequential")(
+        vr, vi, lr, li, ar, ai, br, bi),)
+
+
+def _cauchy_kernel_bwd(vr, vi, lr, li, ar, ai, br, bi, g):
+    out = [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (vr, vi, lr, li, ar, ai, ar, ai)]
+    return jax.ffi.ffi_call(_CAUCHY_BWD, tuple(out), vmap_method="sequential")(
+        vr, vi, lr, li, ar, ai, br, bi, g)
+
+
+# Channels may be sharded (each channel's sums are its own); the rest is gathered.
+_KHN, _HN, _HJ, _J, _KHJ = ("k", "h", "n"), ("h", "n"), ("h", "j"), ("j",), ("k", "h", "j")
+_ARGS = (_KHN, _KHN, _HN, _HN, _HJ, _HJ, _J, _J)
+_cauchy_fwd_op = native.partitioned(_cauchy_kernel_fwd, _ARGS, (_KHJ,),
+                                    replicated=("k", "n", "j"), n_static=0)
+_cauchy_bwd_op = native.partitioned(_cauchy_kernel_bwd, _ARGS + (_KHJ,),
+                                    (_KHN, _KHN, _HN, _HN, _HJ, _HJ, _HJ, _HJ),
+                                    replicated=("k", "n", "j"), n_static=0)
+
+
+@jax.custom_vjp
+def _native_cauchy(v, lam, a, b):
+    """sum_n v / (a - b lam) + conj(v) / (a - b conj(lam)): `[k, H, N]`, `[H, N]`, `[H, J]`, `[J]`
+    (complex64, J a multiple of 8) -> `[k, H, J]`."""
+    return _cauchy_fwd_op(*_parts(v, lam, a, b))[0]
+
+
+def _native_cauchy_fwd(v, lam, a, b):
+    return _native_cauchy(v, lam, a, b), (v, lam, a, b)
+
+
+def _native_cauchy_bwd(res, g):
+    v, lam, a, b = res
+    out = _cauchy_bwd_op(*_parts(*res), g.astype(jnp.complex64))
+    ct_v, ct_lam, ct_a, ct_b = (jax.lax.complex(out[i], out[i + 1]) for i in range(0, 8, 2))
+    return ct_v, ct_lam, ct_a, jnp.sum(ct_b, axis=0)  # ct_b per channel, b shared
+
+
+def _cauchy_conj_native(v, lam, dt, z):
+    """`_cauchy_conj_dense` by the native kernel: the nodes padded to a multiple of 8 (by
+    repeating the last one, whose denominators are finite wherever the result is)."""
+    nodes = z.shape[0]
+    pad = -nodes % 8
+    a = jnp.pad((2.0 / dt)[:, None] * (1 - z), ((0, 0), (0, pad)), mode="edge")  # [H, J]
+    b = jnp.pad(1 + z, (0, pad), mode="edge")
+    return 2 * _native_cauchy(v, lam, a, b)[..., :nodes]
+
+
+def _cauchy(v, lam, dt, z, chunk):
+    """The Cauchy sums: natively on XLA:CPU (complex64, no explicit `chunk`), else
+    `_cauchy_conj` (jnp, in blocks of `chunk` nodes)."""
+    jnp_path = lambda v, lam, dt, z: _cauchy_conj(v, lam, dt, z, chunk)  # noqa: E731
+    if chunk is not None or v.dtype != jnp.complex64 or not native.available():
+        return jnp_path(v, lam, dt, z)
+    return jax.lax.platform_dependent(v, lam, dt, z, cpu=_cauchy_conj_native, default=jnp_path)
+
+
+_native_cauchy.defvjp(_native_cauchy_fwd, _native_cauchy_bwd)
+
+
 def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
     """S4 DPLR convolution kernel via Cauchy + Woodbury at the roots of unity (S4 paper, Alg. 1).
 
@@ -86,8 +161,10 @@ def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
       C: complex `[..., channels, state/2]` (C tilde; leading dims e.g. 2 for bidirectional).
       log_dt: `[channels]`.
       length: static int.
-      cauchy_chunk: static int, roots of unity per Cauchy block (None: automatic, blocks of
-        about `CAUCHY_BLOCK_ELEMS` elements; >= length // 2 + 1: one dense block).
+      cauchy_chunk: static int, roots of unity per block of the jnp Cauchy sums (>= length // 2
+        + 1: one dense block). None: on XLA:CPU with the native kernels (complex64) the fused
+        C++ sums (no `[H, N/2, J]` array in memory); elsewhere jnp in blocks of about
+        `CAUCHY_BLOCK_ELEMS` elements.
 
     Returns:
       real `[..., channels, length]`.
@@ -103,7 +180,7 @@ def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
     z = jnp.exp(jax.lax.complex(jnp.zeros_like(j), -2 * math.pi / length * j))  # nodes
     Pc = jnp.conj(P)
     v = jnp.concatenate([c * B, c * P, (Pc * B)[None], (Pc * P)[None]], axis=0)
-    s = _cauchy_conj(v, Lambda, dt, z, cauchy_chunk)  # [2c+2, H, J]
+    s = _cauchy(v, Lambda, dt, z, cauchy_chunk)  # [2c+2, H, J]
     s00, s01, s10, s11 = s[:nc], s[nc:2 * nc], s[2 * nc], s[2 * nc + 1]
     h = (1 + z) / 2
     k_f = s00 - s01 * (h * s10) / (1 + h * s11)

@@ -69,6 +69,7 @@ struct Plan {
           r4tw.push_back(static_cast<float>(std::sin(a)));
         }
     }
+    set_blocking();
   }
 
   static void radix2(v8* re, v8* im, int64_t n) {
@@ -81,82 +82,114 @@ struct Plan {
     }
   }
 
-  // Decimation in time, bit-reversed input: a block's four quarters hold the length-q DFTs of
-  // its subsequence's samples with residues 0, 2, 1, 3 (mod 4), and X[j + k q] = sum_r
-  // W^(r (j + k q)) F_r[j].
+  // One radix-4 stage of decimation in time over the blocks of points [begin, end): a block's
+  // four quarters hold the length-q DFTs of its subsequence's samples with residues 0, 2, 1, 3
+  // (mod 4), and X[j + k q] = sum_r W^(r (j + k q)) F_r[j].
   template <bool INV>
-  void dit(v8* re, v8* im) const {
-    if (log2n & 1) radix2(re, im, n);
-    for (size_t stage = 0; stage < r4len.size(); ++stage) {
-      const int64_t len = r4len[stage], q = len / 4;
-      const float* tw = r4tw.data() + r4off[stage];
-      for (int64_t i = 0; i < n; i += len) {
-        v8* xr = re + i;
-        v8* xi = im + i;
-        for (int64_t j = 0; j < q; ++j) {
-          const Twiddles w = twiddles<INV>(tw + 6 * j);
-          const v8 f0r = xr[j], f0i = xi[j];
-          v8 f1r, f1i, f2r, f2i, f3r, f3i;
-          cmul(xr[j + q], xi[j + q], w.r2, w.i2, &f2r, &f2i);
-          cmul(xr[j + 2 * q], xi[j + 2 * q], w.r1, w.i1, &f1r, &f1i);
-          cmul(xr[j + 3 * q], xi[j + 3 * q], w.r3, w.i3, &f3r, &f3i);
-          const v8 pr = f0r + f2r, pi = f0i + f2i, mr = f0r - f2r, mi = f0i - f2i;
-          const v8 sr = f1r + f3r, si = f1i + f3i, dr = f1r - f3r, di = f1i - f3i;
-          xr[j] = pr + sr;
-          xi[j] = pi + si;
-          xr[j + 2 * q] = pr - sr;
-          xi[j + 2 * q] = pi - si;
-          // X[j + q] = m - i d, X[j + 3q] = m + i d (signs of i swapped for the inverse).
-          if (INV) {
-            xr[j + q] = mr - di;
-            xi[j + q] = mi + dr;
-            xr[j + 3 * q] = mr + di;
-            xi[j + 3 * q] = mi - dr;
-          } else {
-            xr[j + q] = mr + di;
-            xi[j + q] = mi - dr;
-            xr[j + 3 * q] = mr - di;
-            xi[j + 3 * q] = mi + dr;
-          }
+  void dit_stage(v8* re, v8* im, size_t stage, int64_t begin, int64_t end) const {
+    const int64_t len = r4len[stage], q = len / 4;
+    const float* tw = r4tw.data() + r4off[stage];
+    for (int64_t i = begin; i < end; i += len) {
+      v8* xr = re + i;
+      v8* xi = im + i;
+      for (int64_t j = 0; j < q; ++j) {
+        const Twiddles w = twiddles<INV>(tw + 6 * j);
+        const v8 f0r = xr[j], f0i = xi[j];
+        v8 f1r, f1i, f2r, f2i, f3r, f3i;
+        cmul(xr[j + q], xi[j + q], w.r2, w.i2, &f2r, &f2i);
+        cmul(xr[j + 2 * q], xi[j + 2 * q], w.r1, w.i1, &f1r, &f1i);
+        cmul(xr[j + 3 * q], xi[j + 3 * q], w.r3, w.i3, &f3r, &f3i);
+        const v8 pr = f0r + f2r, pi = f0i + f2i, mr = f0r - f2r, mi = f0i - f2i;
+        const v8 sr = f1r + f3r, si = f1i + f3i, dr = f1r - f3r, di = f1i - f3i;
+        xr[j] = pr + sr;
+        xi[j] = pi + si;
+        xr[j + 2 * q] = pr - sr;
+        xi[j + 2 * q] = pi - si;
+        // X[j + q] = m - i d, X[j + 3q] = m + i d (signs of i swapped for the inverse).
+        if (INV) {
+          xr[j + q] = mr - di;
+          xi[j + q] = mi + dr;
+          xr[j + 3 * q] = mr + di;
+          xi[j + 3 * q] = mi - dr;
+        } else {
+          xr[j + q] = mr + di;
+          xi[j + q] = mi - dr;
+          xr[j + 3 * q] = mr - di;
+          xi[j + 3 * q] = mi + dr;
         }
       }
     }
   }
 
-  // Decimation in frequency, natural input: the transpose of `dit` (the DFT matrix is
-  // symmetric), its stages in reverse order, each a 4-point DFT followed by the twiddles.
+  // Decimation in frequency's stage: the transpose of `dit_stage` (the DFT matrix is
+  // symmetric), a 4-point DFT followed by the twiddles.
   template <bool INV>
-  void dif(v8* re, v8* im) const {
-    for (size_t stage = r4len.size(); stage-- > 0;) {
-      const int64_t len = r4len[stage], q = len / 4;
-      const float* tw = r4tw.data() + r4off[stage];
-      for (int64_t i = 0; i < n; i += len) {
-        v8* xr = re + i;
-        v8* xi = im + i;
-        for (int64_t j = 0; j < q; ++j) {
-          const Twiddles w = twiddles<INV>(tw + 6 * j);
-          const v8 x0r = xr[j], x0i = xi[j], x1r = xr[j + q], x1i = xi[j + q];
-          const v8 x2r = xr[j + 2 * q], x2i = xi[j + 2 * q], x3r = xr[j + 3 * q],
-                   x3i = xi[j + 3 * q];
-          const v8 ar = x0r + x2r, ai = x0i + x2i, br = x0r - x2r, bi = x0i - x2i;
-          const v8 cr = x1r + x3r, ci = x1i + x3i, dr = x1r - x3r, di = x1i - x3i;
-          // o0 = a + c, o1 = (a - c) W^2j, o2 = (b - i d) W^j, o3 = (b + i d) W^3j.
-          const v8 o1r = ar - cr, o1i = ai - ci;
-          v8 o2r, o2i, o3r, o3i;
-          if (INV) {
-            o2r = br - di, o2i = bi + dr, o3r = br + di, o3i = bi - dr;
-          } else {
-            o2r = br + di, o2i = bi - dr, o3r = br - di, o3i = bi + dr;
-          }
-          xr[j] = ar + cr;
-          xi[j] = ai + ci;
-          cmul(o1r, o1i, w.r2, w.i2, xr + j + q, xi + j + q);
-          cmul(o2r, o2i, w.r1, w.i1, xr + j + 2 * q, xi + j + 2 * q);
-          cmul(o3r, o3i, w.r3, w.i3, xr + j + 3 * q, xi + j + 3 * q);
+  void dif_stage(v8* re, v8* im, size_t stage, int64_t begin, int64_t end) const {
+    const int64_t len = r4len[stage], q = len / 4;
+    const float* tw = r4tw.data() + r4off[stage];
+    for (int64_t i = begin; i < end; i += len) {
+      v8* xr = re + i;
+      v8* xi = im + i;
+      for (int64_t j = 0; j < q; ++j) {
+        const Twiddles w = twiddles<INV>(tw + 6 * j);
+        const v8 x0r = xr[j], x0i = xi[j], x1r = xr[j + q], x1i = xi[j + q];
+        const v8 x2r = xr[j + 2 * q], x2i = xi[j + 2 * q], x3r = xr[j + 3 * q],
+                 x3i = xi[j + 3 * q];
+        const v8 ar = x0r + x2r, ai = x0i + x2i, br = x0r - x2r, bi = x0i - x2i;
+        const v8 cr = x1r + x3r, ci = x1i + x3i, dr = x1r - x3r, di = x1i - x3i;
+        // o0 = a + c, o1 = (a - c) W^2j, o2 = (b - i d) W^j, o3 = (b + i d) W^3j.
+        const v8 o1r = ar - cr, o1i = ai - ci;
+        v8 o2r, o2i, o3r, o3i;
+        if (INV) {
+          o2r = br - di, o2i = bi + dr, o3r = br + di, o3i = bi - dr;
+        } else {
+          o2r = br + di, o2i = bi - dr, o3r = br - di, o3i = bi + dr;
         }
+        xr[j] = ar + cr;
+        xi[j] = ai + ci;
+        cmul(o1r, o1i, w.r2, w.i2, xr + j + q, xi + j + q);
+        cmul(o2r, o2i, w.r1, w.i1, xr + j + 2 * q, xi + j + 2 * q);
+        cmul(o3r, o3i, w.r3, w.i3, xr + j + 3 * q, xi + j + 3 * q);
       }
     }
-    if (log2n & 1) radix2(re, im, n);
+  }
+
+  // Stages [0, short_stages) work inside blocks of `block` points: they run block by block, all
+  // of them on one block while it sits in L2, instead of one sweep over all n points per stage.
+  // At n = 32k the 2 MB of (re, im) do not fit one core's L2 (1 MB), and the stage-by-stage
+  // order streamed it from L3 once per stage (8 times). Same arithmetic in the same order per
+  // point: the results do not change, bit for bit.
+  static constexpr int64_t kBlockPoints = 2048;  // (re, im) 128 KB
+  size_t short_stages = 0;
+  int64_t block = 0;
+  void set_blocking() {
+    block = (log2n & 1) ? 2 : 1;
+    while (short_stages < r4len.size() && r4len[short_stages] <= kBlockPoints)
+      block = r4len[short_stages++];
+  }
+
+  // Decimation in time, bit-reversed input, natural output.
+  template <bool INV>
+  void dit(v8* re, v8* im) const {
+    for (int64_t b = 0; b < n; b += block) {
+      if (log2n & 1) radix2(re + b, im + b, block);
+      for (size_t stage = 0; stage < short_stages; ++stage)
+        dit_stage<INV>(re, im, stage, b, b + block);
+    }
+    for (size_t stage = short_stages; stage < r4len.size(); ++stage)
+      dit_stage<INV>(re, im, stage, 0, n);
+  }
+
+  // Decimation in frequency, natural input, bit-reversed output: `dit`'s stages in reverse.
+  template <bool INV>
+  void dif(v8* re, v8* im) const {
+    for (size_t stage = r4len.size(); stage-- > short_stages;)
+      dif_stage<INV>(re, im, stage, 0, n);
+    for (int64_t b = 0; b < n; b += block) {
+      for (size_t stage = short_stages; stage-- > 0;)
+        dif_stage<INV>(re, im, stage, b, b + block);
+      if (log2n & 1) radix2(re + b, im + b, block);
+    }
   }
 };
 
