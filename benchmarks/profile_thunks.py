@@ -2,10 +2,11 @@
 
     python benchmarks/profile_thunks.py transformer [model.scan_unroll=1 ...]   # the peer step
     python benchmarks/profile_thunks.py s4d [1024]                                # the S4D mixer
+    python benchmarks/profile_thunks.py s4 4096                                   # any SSM mixer
 
 `transformer`: sptlib's engine train step of `sptlib.bench.peers.TRANSFORMER_CONFIG` (batch 32 x
-256 tokens), with optional `dotted.key=python-literal` config overrides. `s4d`: the S4D mixer's
-forward+backward at the peer size (batch 8, H 256, N 64) and the given length.
+256 tokens), with optional `dotted.key=python-literal` config overrides. `s4d` (or another SSM
+mixer: s4, dss, dlr, s5, gss): its forward+backward at the peer size (batch 8, H 256, N 64) and the given length.
 
 Runs 3 warm-up steps, traces `STEPS` steps, and sums the trace's complete events per thunk (an
 XLA:CPU thunk is one fusion, dot, FFT or copy of the compiled program). Each thunk is mapped to
@@ -45,9 +46,9 @@ def transformer_step(overrides):
     return bt.step_closure(p), hlo
 
 
-def s4d_step(length):
+def ssm_step(name, length):
     from sptlib.bench import mixers
-    module, batch, d_model, _ = mixers.mixer_module("s4d", mixers.MixerSettings())
+    module, batch, d_model, _ = mixers.mixer_module(name, mixers.MixerSettings())
     _, fwdbwd, variables, x = mixers._functions(module, batch, d_model, length)
     compiled = fwdbwd.lower(variables, x).compile()
     return (lambda: compiled(variables, x)), compiled.as_text()
@@ -74,20 +75,20 @@ def part(op_name):
         return "encoder"
     if "head" in o or "loss" in o:
         return "head, loss"
-    if "SequenceModel" not in o and "S4DMixer" not in o:
+    if "SequenceModel" not in o and "Mixer" not in o:
         return "optimiser, metrics, step plumbing"
     return "other model ops"
 
 
 def main():
     args = sys.argv[1:]
-    if not args or args[0] not in ("transformer", "s4d"):
+    if not args or args[0] not in ("transformer", "s4d", "s4", "dss", "dlr", "s5", "gss"):
         raise SystemExit(__doc__)
     if args[0] == "transformer":
         overrides = dict(a.split("=", 1) for a in args[1:])
         step, hlo = transformer_step({k: ast.literal_eval(v) for k, v in overrides.items()})
     else:
-        step, hlo = s4d_step(int(args[1]) if len(args) > 1 else 1024)
+        step, hlo = ssm_step(args[0], int(args[1]) if len(args) > 1 else 1024)
     op_names = {}
     for m in re.finditer(r"%([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo):
         op_names.setdefault(m.group(1), m.group(2))

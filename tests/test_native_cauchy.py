@@ -43,7 +43,7 @@ def test_values_and_gradients_match_the_jnp_sums(c, length):
         return jax.jit(jax.grad(loss, argnums=range(5)))(*args)
 
     native_k = jax.jit(lambda *a: s4k.s4_kernel(*a, length))(*args)
-    assert "sptlib_cauchy_fwd" in jax.jit(lambda *a: s4k.s4_kernel(*a, length)).lower(
+    assert "sptlib_s4_spectrum_fwd" in jax.jit(lambda *a: s4k.s4_kernel(*a, length)).lower(
         *args).as_text()
     assert _rel(native_k, s4k.s4_kernel(*args, length, cauchy_chunk=length)) < 1e-5
     for name, got, want in zip(("Lambda", "P", "B", "C", "log_dt"), grads(None), grads(length)):
@@ -57,7 +57,7 @@ def test_native_sums_are_in_the_cpu_program_only():
     f = jax.jit(lambda *a: s4k.s4_kernel(*a, 32))
     cpu = f.trace(*args).lower(lowering_platforms=("cpu",)).as_text()
     tpu = f.trace(*args).lower(lowering_platforms=("tpu",)).as_text()
-    assert "sptlib_cauchy_fwd" in cpu and "sptlib_cauchy_fwd" not in tpu
+    assert "sptlib_s4_spectrum_fwd" in cpu and "sptlib_s4_spectrum_fwd" not in tpu
 
 
 def test_channels_sharded_on_a_4_device_mesh():
@@ -83,7 +83,7 @@ def test_channels_sharded_on_a_4_device_mesh():
         specs = (P("m"), P("m"), P("m"), P(None, "m"), P("m"))
         sharded = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
         hlo = f.lower(*sharded).compile().as_text()
-        assert "all-gather" not in hlo and "sptlib_cauchy_bwd" in hlo
+        assert "all-gather" not in hlo and "sptlib_s4_spectrum_bwd" in hlo
         for a, r in zip(f(*sharded), ref):
             np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6 * float(jnp.abs(r).max()))
         print("ok")

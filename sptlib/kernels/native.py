@@ -1,8 +1,10 @@
 """The C++ XLA:CPU kernels (`sptlib/kernels/cpu/*.cc`): compiled on first use, registered once.
 
-Three kernels live there, each behind a jnp function with the same semantics:
+Four kernels live there, each behind a jnp function with the same semantics:
 `sptlib.kernels.fused_attention` (softmax attention without the score matrix in memory),
-`sptlib.kernels.conv.circular_conv` (the SSMs' long convolution on a multi-threaded FFT) and
+`sptlib.kernels.conv.circular_conv` (the SSMs' long convolution on a multi-threaded FFT),
+`sptlib.kernels.s4` (S4's Cauchy sums and Woodbury step, no `[H, N/2, L/2+1]` array in
+memory) and
 `sptlib.kernels.linear` (small dense layers' weight gradient xᵀ g).
 
 The sources are compiled together into one shared library with the host's C++ compiler (`$CXX`,
@@ -33,8 +35,8 @@ TARGETS = {
     "sptlib_fft_conv_fwd": "SptlibFftConvFwd",
     "sptlib_fft_conv_bwd": "SptlibFftConvBwd",
     "sptlib_weight_grad": "SptlibWeightGrad",
-    "sptlib_cauchy_fwd": "SptlibCauchyFwd",
-    "sptlib_cauchy_bwd": "SptlibCauchyBwd",
+    "sptlib_s4_spectrum_fwd": "SptlibS4SpectrumFwd",
+    "sptlib_s4_spectrum_bwd": "SptlibS4SpectrumBwd",
 }
 _lock = threading.Lock()
 _state = {}  # "ok": bool, "why": str (set once)

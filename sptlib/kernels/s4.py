@@ -79,78 +79,96 @@ def _cauchy_conj(v, lam, dt, z, chunk=None):
     return s[..., :nodes]
 
 
+def _woodbury(s, z, nc):
+    """The generating function at the nodes from the Cauchy sums `s` `[2c+2, H, J]`:
+    k00 - k01 (h k10) / (1 + h k11), h = (1 + z) / 2 -> `[c, H, J]`."""
+    s00, s01, s10, s11 = s[:nc], s[nc:2 * nc], s[2 * nc], s[2 * nc + 1]
+    h = (1 + z) / 2
+    return s00 - s01 * (h * s10) / (1 + h * s11)
+
+
 # ---------------------------------------------------------------------------------------------
-# The native XLA:CPU path: the Cauchy sums with every denominator in registers
-# (sptlib/kernels/cpu/cauchy.cc); same function as `_cauchy_conj_dense`, complex64 only.
+# The native XLA:CPU path: the Cauchy sums with every denominator in registers, then the
+# Woodbury step, in one kernel (sptlib/kernels/cpu/cauchy.cc); complex64 only.
 # ---------------------------------------------------------------------------------------------
 
-_CAUCHY_FWD, _CAUCHY_BWD = "sptlib_cauchy_fwd", "sptlib_cauchy_bwd"
+_S4_FWD, _S4_BWD = "sptlib_s4_spectrum_fwd", "sptlib_s4_spectrum_bwd"
 
 
 def _parts(*xs):
     return [p for x in xs for p in (jnp.real(x), jnp.imag(x))]
 
 
-def _cauchy_kernel_fwd(vr, vi, lr, li, ar, ai, br, bi):
-    s = jax.ShapeDtypeStruct(vr.shape[:2] + ar.shape[1:], jnp.complex64)
-    return (jax.ffi.ffi_call(_CAUCHY_FWD, s, vmap_method="sequential")(
-        vr, vi, lr, li, ar, ai, br, bi),)
+def _spectrum_kernel_fwd(vr, vi, lr, li, ar, ai, br, bi):
+    k, h, j = vr.shape[0], vr.shape[1], ar.shape[1]
+    out = (jax.ShapeDtypeStruct((k // 2 - 1, h, j), jnp.complex64),
+           jax.ShapeDtypeStruct((k, h, j), jnp.complex64))
+    return jax.ffi.ffi_call(_S4_FWD, out, vmap_method="sequential")(
+        vr, vi, lr, li, ar, ai, br, bi)
 
 
-def _cauchy_kernel_bwd(vr, vi, lr, li, ar, ai, br, bi, g):
+def _spectrum_kernel_bwd(vr, vi, lr, li, ar, ai, br, bi, s, g):
     out = [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (vr, vi, lr, li, ar, ai, ar, ai)]
-    return jax.ffi.ffi_call(_CAUCHY_BWD, tuple(out), vmap_method="sequential")(
-        vr, vi, lr, li, ar, ai, br, bi, g)
+    return jax.ffi.ffi_call(_S4_BWD, tuple(out), vmap_method="sequential")(
+        vr, vi, lr, li, ar, ai, br, bi, s, g)
 
 
 # Channels may be sharded (each channel's sums are its own); the rest is gathered.
 _KHN, _HN, _HJ, _J, _KHJ = ("k", "h", "n"), ("h", "n"), ("h", "j"), ("j",), ("k", "h", "j")
+_CHJ = ("c", "h", "j")
 _ARGS = (_KHN, _KHN, _HN, _HN, _HJ, _HJ, _J, _J)
-_cauchy_fwd_op = native.partitioned(_cauchy_kernel_fwd, _ARGS, (_KHJ,),
-                                    replicated=("k", "n", "j"), n_static=0)
-_cauchy_bwd_op = native.partitioned(_cauchy_kernel_bwd, _ARGS + (_KHJ,),
-                                    (_KHN, _KHN, _HN, _HN, _HJ, _HJ, _HJ, _HJ),
-                                    replicated=("k", "n", "j"), n_static=0)
+_spectrum_fwd_op = native.partitioned(_spectrum_kernel_fwd, _ARGS, (_CHJ, _KHJ),
+                                      replicated=("k", "n", "j", "c"), n_static=0)
+_spectrum_bwd_op = native.partitioned(_spectrum_kernel_bwd, _ARGS + (_KHJ, _CHJ),
+                                      (_KHN, _KHN, _HN, _HN, _HJ, _HJ, _HJ, _HJ),
+                                      replicated=("k", "n", "j", "c"), n_static=0)
 
 
 @jax.custom_vjp
-def _native_cauchy(v, lam, a, b):
-    """sum_n v / (a - b lam) + conj(v) / (a - b conj(lam)): `[k, H, N]`, `[H, N]`, `[H, J]`, `[J]`
-    (complex64, J a multiple of 8) -> `[k, H, J]`."""
-    return _cauchy_fwd_op(*_parts(v, lam, a, b))[0]
+def _native_spectrum(v, lam, a, b):
+    """`_woodbury` of the sums 2 sum_n v / (a - b lam) + conj(v) / (a - b conj(lam)), with
+    h = b / 2: `[2c+2, H, N]`, `[H, N]`, `[H, J]`, `[J]` (complex64, J a multiple of 16)
+    -> `[c, H, J]`."""
+    return _spectrum_fwd_op(*_parts(v, lam, a, b))[0]
 
 
-def _native_cauchy_fwd(v, lam, a, b):
-    return _native_cauchy(v, lam, a, b), (v, lam, a, b)
+def _native_spectrum_fwd(v, lam, a, b):
+    kf, s = _spectrum_fwd_op(*_parts(v, lam, a, b))
+    return kf, (v, lam, a, b, s)
 
 
-def _native_cauchy_bwd(res, g):
-    v, lam, a, b = res
-    out = _cauchy_bwd_op(*_parts(*res), g.astype(jnp.complex64))
+def _native_spectrum_bwd(res, g):
+    v, lam, a, b, s = res
+    out = _spectrum_bwd_op(*_parts(v, lam, a, b), s, g.astype(jnp.complex64))
     ct_v, ct_lam, ct_a, ct_b = (jax.lax.complex(out[i], out[i + 1]) for i in range(0, 8, 2))
     return ct_v, ct_lam, ct_a, jnp.sum(ct_b, axis=0)  # ct_b per channel, b shared
 
 
-def _cauchy_conj_native(v, lam, dt, z):
-    """`_cauchy_conj_dense` by the native kernel: the nodes padded to a multiple of 8 (by
-    repeating the last one, whose denominators are finite wherever the result is)."""
+_native_spectrum.defvjp(_native_spectrum_fwd, _native_spectrum_bwd)
+
+
+def _spectrum_native(v, lam, dt, z):
+    """`_woodbury(_cauchy_conj_dense(...))` by the native kernel: the nodes padded to a multiple
+    of its 16 lanes (by repeating the last one, whose denominators are finite wherever the result
+    is), the result cut back."""
     nodes = z.shape[0]
-    pad = -nodes % 8
+    pad = -nodes % 16
     a = jnp.pad((2.0 / dt)[:, None] * (1 - z), ((0, 0), (0, pad)), mode="edge")  # [H, J]
     b = jnp.pad(1 + z, (0, pad), mode="edge")
-    return 2 * _native_cauchy(v, lam, a, b)[..., :nodes]
+    return _native_spectrum(v, lam, a, b)[..., :nodes]
 
 
-def _cauchy(v, lam, dt, z, chunk):
-    """The Cauchy sums: natively on XLA:CPU (complex64, no explicit `chunk`), else
-    `_cauchy_conj` (jnp, in blocks of `chunk` nodes)."""
-    jnp_path = lambda v, lam, dt, z: _cauchy_conj(v, lam, dt, z, chunk)  # noqa: E731
+def _spectrum(v, lam, dt, z, chunk):
+    """The generating function at the nodes, `[c, H, J]`: natively on XLA:CPU (complex64, no
+    explicit `chunk`), else in jnp (`_cauchy_conj` in blocks of `chunk` nodes, `_woodbury`)."""
+    nc = v.shape[0] // 2 - 1
+
+    def jnp_path(v, lam, dt, z):
+        return _woodbury(_cauchy_conj(v, lam, dt, z, chunk), z, nc)
+
     if chunk is not None or v.dtype != jnp.complex64 or not native.available():
         return jnp_path(v, lam, dt, z)
-    return jax.lax.platform_dependent(v, lam, dt, z, cpu=_cauchy_conj_native, default=jnp_path)
-
-
-_native_cauchy.defvjp(_native_cauchy_fwd, _native_cauchy_bwd)
+    return jax.lax.platform_dependent(v, lam, dt, z, cpu=_spectrum_native, default=jnp_path)
 
 
 def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
@@ -174,16 +192,12 @@ def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
     Lambda, P, B, C = (x.astype(ct) for x in (Lambda, P, B, C))
     lead = C.shape[:-2]
     c = C.reshape((-1,) + C.shape[-2:])  # [c, H, N]
-    nc = c.shape[0]
     dt = jnp.exp(log_dt.astype(rt))
     j = jnp.arange(length // 2 + 1, dtype=rt)
     z = jnp.exp(jax.lax.complex(jnp.zeros_like(j), -2 * math.pi / length * j))  # nodes
     Pc = jnp.conj(P)
     v = jnp.concatenate([c * B, c * P, (Pc * B)[None], (Pc * P)[None]], axis=0)
-    s = _cauchy(v, Lambda, dt, z, cauchy_chunk)  # [2c+2, H, J]
-    s00, s01, s10, s11 = s[:nc], s[nc:2 * nc], s[2 * nc], s[2 * nc + 1]
-    h = (1 + z) / 2
-    k_f = s00 - s01 * (h * s10) / (1 + h * s11)
+    k_f = _spectrum(v, Lambda, dt, z, cauchy_chunk)  # [c, H, J]
     k = jnp.fft.irfft(k_f, n=length, axis=-1)
     return k.reshape(lead + k.shape[-2:])
 
