@@ -81,7 +81,7 @@ def _cauchy_conj(v, lam, dt, z, chunk=None):
 
 def _woodbury(s, z, nc):
     """The generating function at the nodes from the Cauchy sums `s` `[2c+2, H, J]`:
-    k00 - k01 (h k10) / (1 + h k11), h = (1 + z) / 2 -> `[c, H, J]`."""
+    s00 - s01 (h s10) / (1 + h s11), h = (1 + z) / 2 -> `[c, H, J]`."""
     s00, s01, s10, s11 = s[:nc], s[nc:2 * nc], s[2 * nc], s[2 * nc + 1]
     h = (1 + z) / 2
     return s00 - s01 * (h * s10) / (1 + h * s11)
@@ -180,9 +180,9 @@ def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
       log_dt: `[channels]`.
       length: static int.
       cauchy_chunk: static int, roots of unity per block of the jnp Cauchy sums (>= length // 2
-        + 1: one dense block). None: on XLA:CPU with the native kernels (complex64) the fused
-        C++ sums (no `[H, N/2, J]` array in memory); elsewhere jnp in blocks of about
-        `CAUCHY_BLOCK_ELEMS` elements.
+        + 1: one dense block). None: on XLA:CPU with the native kernels (complex64) one C++
+        kernel for the sums and the Woodbury step (no `[H, N/2, J]` array in memory); elsewhere
+        jnp in blocks of about `CAUCHY_BLOCK_ELEMS` elements.
 
     Returns:
       real `[..., channels, length]`.
