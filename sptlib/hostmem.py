@@ -1,4 +1,5 @@
-"""Host memory: glibc's malloc told to keep freed memory for reuse (the command-line default).
+"""Host memory: glibc's malloc told to keep freed memory for reuse (the command-line default on
+machines without an accelerator).
 
 Why. XLA:CPU allocates every buffer of a step afresh (one temp buffer per call: 66 MiB for the
 S4D block's forward+backward at L = 1k, batch 8, H 256, N 64; 0.96 GiB at 16k), and glibc
@@ -17,12 +18,17 @@ command-line programs (`sptlib.main`, `sptlib.compare`, `sptlib.bench`) call
 `reexec_with_malloc_tunables()` first, which re-executes the same command line with these
 added, before anything heavy is imported:
 
-- `SPTLIB_MALLOC=retain` (the default): `glibc.malloc.mmap_max=0` (large blocks come from the
-  heap, not from fresh mappings), `glibc.malloc.trim_threshold=1 TiB` (freed memory is not given
-  back), `glibc.malloc.arena_max=1` (one heap for all threads: a thread's own arena would still
-  map blocks above 64 MiB afresh). The process' resident memory then stays at its peak, as with
-  any framework's caching allocator.
+- `SPTLIB_MALLOC=retain`: `glibc.malloc.mmap_max=0` (large blocks come from the heap, not from
+  fresh mappings), `glibc.malloc.trim_threshold=1 TiB` (freed memory is not given back),
+  `glibc.malloc.arena_max=1` (one heap for all threads: a thread's own arena would still map
+  blocks above 64 MiB afresh). The process' resident memory then stays at its peak, as with any
+  framework's caching allocator.
 - `SPTLIB_MALLOC=system`: glibc's defaults.
+- `SPTLIB_MALLOC=auto` (the default): `retain` where the computation runs on the CPU, `system`
+  where `JAX_PLATFORMS` puts another platform first or, without it, where the machine has an
+  accelerator device (`/dev/accel<n>`: TPU; `/dev/vfio/<n>`: TPU v5+; `/dev/nvidia<n>`). There the step's buffers
+  live on the device, and one malloc arena for all threads would only serialise the input
+  pipeline's threads (a TPU host has hundreds of cores).
 - `SPTLIB_HUGEPAGES=1` (either mode): also `glibc.malloc.hugetlb=1` (glibc >= 2.35: malloc asks
   for transparent huge pages), where transparent huge pages are not set to `never`.
 
@@ -36,10 +42,11 @@ temporaries were page-fault-bound too). Library users who call sptlib from their
 the same effect by starting Python with the tunables above in `GLIBC_TUNABLES`.
 """
 
+import glob
 import os
 import sys
 
-MODES = ("retain", "system")
+MODES = ("auto", "retain", "system")
 RETAIN = (("glibc.malloc.mmap_max", "0"), ("glibc.malloc.trim_threshold", str(1 << 40)),
           ("glibc.malloc.arena_max", "1"))
 HUGE_PAGES = (("glibc.malloc.hugetlb", "1"),)
@@ -62,14 +69,30 @@ def _thp_enabled():
         return False
 
 
+def accelerator_present():
+    """True where this machine has a TPU or NVIDIA GPU device node."""
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")
+                or glob.glob("/dev/nvidia[0-9]*"))
+
+
+def _runs_on_cpu(environ):
+    platforms = [p.strip().lower() for p in environ.get("JAX_PLATFORMS", "").split(",")
+                 if p.strip()]
+    if platforms:
+        return platforms[0] == "cpu"
+    return not accelerator_present()
+
+
 def wanted_tunables(environ=None):
     """[(tunable, value)] that `SPTLIB_MALLOC` / `SPTLIB_HUGEPAGES` ask for here (see the module
     docstring); raises ValueError naming the variable for an unknown mode."""
     environ = os.environ if environ is None else environ
-    mode = environ.get("SPTLIB_MALLOC", "retain").strip().lower() or "retain"
+    mode = environ.get("SPTLIB_MALLOC", "auto").strip().lower() or "auto"
     if mode not in MODES:
         raise ValueError(f"SPTLIB_MALLOC={environ['SPTLIB_MALLOC']!r}: expected one of "
                          f"{', '.join(MODES)}")
+    if mode == "auto":
+        mode = "retain" if _runs_on_cpu(environ) else "system"
     glibc = _glibc_version() or (0, 0)
     if not sys.platform.startswith("linux") or glibc < (2, 26):
         return []

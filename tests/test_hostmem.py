@@ -1,7 +1,7 @@
 """sptlib.hostmem: the command-line programs re-execute themselves once, with the same command line,
-with glibc's malloc told to keep freed memory (SPTLIB_MALLOC=retain, the default) and, asked to,
-to use huge pages (SPTLIB_HUGEPAGES=1); the user's own tunables win; and the retained memory is
-real: a second large allocation takes no page faults."""
+with glibc's malloc told to keep freed memory (SPTLIB_MALLOC=retain; the default `auto` where JAX
+runs on the CPU) and, asked to, to use huge pages (SPTLIB_HUGEPAGES=1); the user's own tunables
+win; and the retained memory is real: a second large allocation takes no page faults."""
 
 import os
 import subprocess
@@ -12,7 +12,8 @@ import pytest
 from sptlib import hostmem
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APPLIES = bool(hostmem.wanted_tunables({}))
+APPLIES = bool(hostmem.wanted_tunables({"SPTLIB_MALLOC": "retain"}))
+CPU = {"JAX_PLATFORMS": "cpu"}
 RETAIN = ("glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776:"
           "glibc.malloc.arena_max=1")
 HUGE = bool(hostmem.wanted_tunables({"SPTLIB_MALLOC": "system", "SPTLIB_HUGEPAGES": "1"}))
@@ -28,22 +29,37 @@ def _clean_env(**extra):
 
 @needs_glibc
 def test_env_adds_the_retain_tunables_once_and_keeps_the_users():
-    assert hostmem.malloc_env({})["GLIBC_TUNABLES"] == RETAIN  # the default
-    assert hostmem.malloc_env({"SPTLIB_MALLOC": "system"}) is None
-    env = hostmem.malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4", "A": "1"})
+    assert hostmem.malloc_env(CPU)["GLIBC_TUNABLES"] == RETAIN  # the default on CPU
+    assert hostmem.malloc_env({"SPTLIB_MALLOC": "system", **CPU}) is None
+    env = hostmem.malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4", "A": "1", **CPU})
     # The user's arena_max stays; the other two are added after it.
-    assert env == {"A": "1", "GLIBC_TUNABLES": "glibc.malloc.arena_max=4:glibc.malloc.mmap_max=0:"
-                                               "glibc.malloc.trim_threshold=1099511627776"}
+    assert env == {"A": "1", **CPU, "GLIBC_TUNABLES": "glibc.malloc.arena_max=4:"
+                   "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"}
     assert hostmem.malloc_env(env) is None  # set already: the re-executed process does nothing
     if HUGE:
-        both = hostmem.malloc_env({"SPTLIB_HUGEPAGES": "1"})["GLIBC_TUNABLES"]
+        both = hostmem.malloc_env({"SPTLIB_HUGEPAGES": "1", **CPU})["GLIBC_TUNABLES"]
         assert both == RETAIN + ":glibc.malloc.hugetlb=1"
         only = hostmem.malloc_env({"SPTLIB_HUGEPAGES": "1", "SPTLIB_MALLOC": "system"})
         assert only["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
 
 
+@needs_glibc
+@pytest.mark.parametrize("platforms,accelerator,retains", [
+    ("cpu", True, True), ("tpu", False, False), ("cuda,cpu", False, False),
+    (None, False, True), (None, True, False)])
+def test_auto_retains_only_where_jax_runs_on_the_cpu(monkeypatch, platforms, accelerator,
+                                                     retains):
+    monkeypatch.setattr(hostmem, "accelerator_present", lambda: accelerator)
+    environ = {} if platforms is None else {"JAX_PLATFORMS": platforms}
+    assert bool(hostmem.malloc_env(environ)) == retains
+    assert bool(hostmem.malloc_env({"SPTLIB_MALLOC": "auto", **environ})) == retains
+    # An explicit mode holds on any machine.
+    assert hostmem.malloc_env({"SPTLIB_MALLOC": "retain", **environ})["GLIBC_TUNABLES"] == RETAIN
+    assert hostmem.malloc_env({"SPTLIB_MALLOC": "system", **environ}) is None
+
+
 def test_unknown_mode_names_the_variable():
-    with pytest.raises(ValueError, match="SPTLIB_MALLOC='keep'.*retain, system"):
+    with pytest.raises(ValueError, match="SPTLIB_MALLOC='keep'.*auto, retain, system"):
         hostmem.wanted_tunables({"SPTLIB_MALLOC": "keep"})
     out = subprocess.run([sys.executable, "-c", "from sptlib import hostmem; "
                           "hostmem.reexec_with_malloc_tunables()"], capture_output=True, text=True,
