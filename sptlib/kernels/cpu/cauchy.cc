@@ -48,17 +48,16 @@ inline vw loadw(const float* p) { return *reinterpret_cast<const vwu*>(p); }
 inline void storew(float* p, vw x) { *reinterpret_cast<vwu*>(p) = x; }
 inline vw splatw(float x) { return vw{} + x; }
 
-struct C8 {  // kLanes complex numbers
+struct CV {  // kLanes complex numbers
   vw re, im;
 };
 
-inline C8 operator+(C8 x, C8 y) { return {x.re + y.re, x.im + y.im}; }
-inline C8 operator*(C8 x, C8 y) {
+inline CV operator+(CV x, CV y) { return {x.re + y.re, x.im + y.im}; }
+inline CV operator*(CV x, CV y) {
   return {x.re * y.re - x.im * y.im, x.re * y.im + x.im * y.re};
 }
-inline C8 conj(C8 x) { return {x.re, -x.im}; }
-inline C8 cscalar(float re, float im) { return {splatw(re), splatw(im)}; }
-inline C8 recip(C8 d) {
+inline CV cscalar(float re, float im) { return {splatw(re), splatw(im)}; }
+inline CV recip(CV d) {
   const vw s = splatw(1.0f) / (d.re * d.re + d.im * d.im);
   return {d.re * s, -d.im * s};
 }
@@ -69,14 +68,14 @@ inline float hsum(vw x) {
 }
 
 // kLanes complex numbers stored interleaved (re, im, re, im, ...) at p, to and from lanes.
-inline C8 load_c8(const float* p) {
+inline CV load_cv(const float* p) {
   const vw x0 = loadw(p), x1 = loadw(p + kLanes);
   return {__builtin_shufflevector(x0, x1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
                                   30),
           __builtin_shufflevector(x0, x1, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
                                   31)};
 }
-inline void store_c8(float* p, C8 x) {
+inline void store_cv(float* p, CV x) {
   storew(p, __builtin_shufflevector(x.re, x.im, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
                                     7, 23));
   storew(p + kLanes, __builtin_shufflevector(x.re, x.im, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28,
@@ -98,8 +97,8 @@ struct OutParts {
 };
 
 // r1 and r2 at node block [j, j + kLanes) for state n of channel h.
-inline void reciprocals(C8 a, C8 b, float lr, float li, C8* r1, C8* r2) {
-  const C8 bl = b * cscalar(lr, li), blc = b * cscalar(lr, -li);
+inline void reciprocals(CV a, CV b, float lr, float li, CV* r1, CV* r2) {
+  const CV bl = b * cscalar(lr, li), blc = b * cscalar(lr, -li);
   *r1 = recip({a.re - bl.re, a.im - bl.im});
   *r2 = recip({a.re - blc.re, a.im - blc.im});
 }
@@ -111,15 +110,15 @@ void forward_channel(const Dims& d, int64_t h, Parts v, Parts lam, Parts a, Part
                      float* kf) {
   const int64_t nk = KT ? KT : d.k;
   constexpr int kMax = KT ? KT : 1;
-  std::vector<C8> heap(KT ? 0 : d.k);
-  C8 regs[kMax];
-  C8* acc = KT ? regs : heap.data();
+  std::vector<CV> heap(KT ? 0 : d.k);
+  CV regs[kMax];
+  CV* acc = KT ? regs : heap.data();
   for (int64_t j = 0; j < d.j; j += kLanes) {
-    const C8 aj = {loadw(a.re + h * d.j + j), loadw(a.im + h * d.j + j)};
-    const C8 bj = {loadw(b.re + j), loadw(b.im + j)};
+    const CV aj = {loadw(a.re + h * d.j + j), loadw(a.im + h * d.j + j)};
+    const CV bj = {loadw(b.re + j), loadw(b.im + j)};
     for (int64_t k = 0; k < nk; ++k) acc[k] = cscalar(0.0f, 0.0f);
     for (int64_t n = 0; n < d.n; ++n) {
-      C8 r1, r2;
+      CV r1, r2;
       reciprocals(aj, bj, lam.re[h * d.n + n], lam.im[h * d.n + n], &r1, &r2);
       // v r1 + conj(v) r2 = (x S.re - y D.im, x S.im + y D.re), S = r1 + r2, D = r1 - r2.
       const vw sr = r1.re + r2.re, si = r1.im + r2.im, dr = r1.re - r2.re, di = r1.im - r2.im;
@@ -132,17 +131,17 @@ void forward_channel(const Dims& d, int64_t h, Parts v, Parts lam, Parts a, Part
     }
     for (int64_t k = 0; k < nk; ++k) {
       acc[k] = acc[k] * cscalar(2.0f, 0.0f);
-      store_c8(s + 2 * ((k * d.h + h) * d.j + j), acc[k]);
+      store_cv(s + 2 * ((k * d.h + h) * d.j + j), acc[k]);
     }
     // Woodbury: kf[c] = s00[c] - s01[c] s10 q, q = hh / (1 + hh s11), hh = b / 2.
     const int64_t nc = nk / 2 - 1;
-    const C8 hh = bj * cscalar(0.5f, 0.0f);
-    const C8 s10 = acc[2 * nc], s11 = acc[2 * nc + 1];
-    const C8 q = hh * recip(cscalar(1.0f, 0.0f) + hh * s11);
-    const C8 s10q = s10 * q;
+    const CV hh = bj * cscalar(0.5f, 0.0f);
+    const CV s10 = acc[2 * nc], s11 = acc[2 * nc + 1];
+    const CV q = hh * recip(cscalar(1.0f, 0.0f) + hh * s11);
+    const CV s10q = s10 * q;
     for (int64_t c = 0; c < nc; ++c) {
-      const C8 w = acc[nc + c] * s10q;
-      store_c8(kf + 2 * ((c * d.h + h) * d.j + j), {acc[c].re - w.re, acc[c].im - w.im});
+      const CV w = acc[nc + c] * s10q;
+      store_cv(kf + 2 * ((c * d.h + h) * d.j + j), {acc[c].re - w.re, acc[c].im - w.im});
     }
   }
 }
@@ -154,26 +153,26 @@ void forward_channel(const Dims& d, int64_t h, Parts v, Parts lam, Parts a, Part
 void woodbury_backward(const Dims& d, int64_t h, Parts b, const float* s, const float* g,
                        float* gs, float* cbr, float* cbi) {
   const int64_t nc = d.k / 2 - 1;
-  const auto sk = [&](int64_t k, int64_t j) { return load_c8(s + 2 * ((k * d.h + h) * d.j + j)); };
+  const auto sk = [&](int64_t k, int64_t j) { return load_cv(s + 2 * ((k * d.h + h) * d.j + j)); };
   for (int64_t j = 0; j < d.j; j += kLanes) {
-    const C8 bj = {loadw(b.re + j), loadw(b.im + j)};
-    const C8 hh = bj * cscalar(0.5f, 0.0f);
-    const C8 s10 = sk(2 * nc, j), s11 = sk(2 * nc + 1, j);
-    const C8 rd = recip(cscalar(1.0f, 0.0f) + hh * s11);
-    const C8 q = hh * rd;
-    C8 big_g = cscalar(0.0f, 0.0f);
-    const C8 two = cscalar(2.0f, 0.0f);
+    const CV bj = {loadw(b.re + j), loadw(b.im + j)};
+    const CV hh = bj * cscalar(0.5f, 0.0f);
+    const CV s10 = sk(2 * nc, j), s11 = sk(2 * nc + 1, j);
+    const CV rd = recip(cscalar(1.0f, 0.0f) + hh * s11);
+    const CV q = hh * rd;
+    CV big_g = cscalar(0.0f, 0.0f);
+    const CV two = cscalar(2.0f, 0.0f);
     for (int64_t c = 0; c < nc; ++c) {
-      const C8 gc = load_c8(g + 2 * ((c * d.h + h) * d.j + j));
+      const CV gc = load_cv(g + 2 * ((c * d.h + h) * d.j + j));
       big_g = big_g + gc * sk(nc + c, j);
-      store_c8(gs + 2 * (c * d.j + j), gc * two);
-      const C8 m = gc * s10 * q * two;
-      store_c8(gs + 2 * ((nc + c) * d.j + j), {-m.re, -m.im});
+      store_cv(gs + 2 * (c * d.j + j), gc * two);
+      const CV m = gc * s10 * q * two;
+      store_cv(gs + 2 * ((nc + c) * d.j + j), {-m.re, -m.im});
     }
-    const C8 g10 = q * big_g * two;
-    store_c8(gs + 2 * (2 * nc * d.j + j), {-g10.re, -g10.im});
-    store_c8(gs + 2 * ((2 * nc + 1) * d.j + j), q * q * s10 * big_g * two);
-    const C8 chh = s10 * big_g * rd * rd * cscalar(-0.5f, 0.0f);  // ct_b = ct_hh / 2
+    const CV g10 = q * big_g * two;
+    store_cv(gs + 2 * (2 * nc * d.j + j), {-g10.re, -g10.im});
+    store_cv(gs + 2 * ((2 * nc + 1) * d.j + j), q * q * s10 * big_g * two);
+    const CV chh = s10 * big_g * rd * rd * cscalar(-0.5f, 0.0f);  // ct_b = ct_hh / 2
     storew(cbr + j, chh.re);
     storew(cbi + j, chh.im);
   }
@@ -187,9 +186,9 @@ void backward_channel(const Dims& d, int64_t h, Parts v, Parts lam, Parts a, Par
                       OutParts ct_v, OutParts ct_lam, OutParts ct_a, OutParts ct_b) {
   const int64_t nk = KT ? KT : d.k;
   constexpr int kMax = KT ? KT : 1;
-  std::vector<C8> heap(KT ? 0 : 2 * d.k);
-  C8 regs[2 * kMax];
-  C8* sv = KT ? regs : heap.data();  // sv[2k]: sum_j g r1, sv[2k + 1]: sum_j g r2
+  std::vector<CV> heap(KT ? 0 : 2 * d.k);
+  CV regs[2 * kMax];
+  CV* sv = KT ? regs : heap.data();  // sv[2k]: sum_j g r1, sv[2k + 1]: sum_j g r2
   float* car = ct_a.re + h * d.j;
   float* cai = ct_a.im + h * d.j;
   float* cbr = ct_b.re + h * d.j;
@@ -203,18 +202,18 @@ void backward_channel(const Dims& d, int64_t h, Parts v, Parts lam, Parts a, Par
   for (int64_t n = 0; n < d.n; ++n) {
     const float lr = lam.re[h * d.n + n], li = lam.im[h * d.n + n];
     for (int64_t k = 0; k < 2 * nk; ++k) sv[k] = cscalar(0.0f, 0.0f);
-    C8 sl1 = cscalar(0.0f, 0.0f), sl2 = cscalar(0.0f, 0.0f);
+    CV sl1 = cscalar(0.0f, 0.0f), sl2 = cscalar(0.0f, 0.0f);
     for (int64_t j = 0; j < d.j; j += kLanes) {
-      const C8 aj = {loadw(a.re + h * d.j + j), loadw(a.im + h * d.j + j)};
-      const C8 bj = {loadw(b.re + j), loadw(b.im + j)};
-      C8 r1, r2;
+      const CV aj = {loadw(a.re + h * d.j + j), loadw(a.im + h * d.j + j)};
+      const CV bj = {loadw(b.re + j), loadw(b.im + j)};
+      CV r1, r2;
       reciprocals(aj, bj, lr, li, &r1, &r2);
       // G1 = sum_k g v, G2 = sum_k g conj(v): (P - Q, R + T) and (P + Q, T - R) with
       // P = gr x, Q = gi y, R = gr y, T = gi x.
       vw p = splatw(0.0f), q = p, r = p, t = p;
       for (int64_t k = 0; k < nk; ++k) {
         const int64_t i = (k * d.h + h) * d.n + n;
-        const C8 gk = load_c8(g + 2 * (k * d.j + j));
+        const CV gk = load_cv(g + 2 * (k * d.j + j));
         const vw x = splatw(v.re[i]), y = splatw(v.im[i]);
         p += gk.re * x;
         q += gk.im * y;
@@ -223,11 +222,11 @@ void backward_channel(const Dims& d, int64_t h, Parts v, Parts lam, Parts a, Par
         sv[2 * k] = sv[2 * k] + gk * r1;
         sv[2 * k + 1] = sv[2 * k + 1] + gk * r2;
       }
-      const C8 g1 = {p - q, r + t}, g2 = {p + q, t - r};
-      const C8 t1 = r1 * r1 * g1, t2 = r2 * r2 * g2;
+      const CV g1 = {p - q, r + t}, g2 = {p + q, t - r};
+      const CV t1 = r1 * r1 * g1, t2 = r2 * r2 * g2;
       sl1 = sl1 + bj * t1;
       sl2 = sl2 + bj * t2;
-      const C8 cb = cscalar(lr, li) * t1 + cscalar(lr, -li) * t2;
+      const CV cb = cscalar(lr, li) * t1 + cscalar(lr, -li) * t2;
       storew(car + j, loadw(car + j) - (t1.re + t2.re));
       storew(cai + j, loadw(cai + j) - (t1.im + t2.im));
       storew(cbr + j, loadw(cbr + j) + cb.re);
