@@ -14,20 +14,27 @@ exception is a bug and keeps its traceback.
         NoReadableCheckpointError  every checkpoint of a stage is unreadable
         IncompatibleCheckpointError  init_from does not fit the model          (ValueError)
         NoCheckpointError          init_from points at no checkpoint      (FileNotFoundError)
+        CheckpointDigestError      a checkpoint's bytes differ from its save-time digest
+                                                                               (RuntimeError)
       ResultsError                 a results file cannot be read                 (ValueError)
+      WorkdirBusyError             another live run holds the workdir's lock
+      WriteError                   disk full, file-size limit, unwritable path       (OSError)
       StopError                    a run stopped on purpose, its checkpoints kept
-        NonFiniteLossError         NaN/inf training loss                 (FloatingPointError)
-        PreemptedError             SIGTERM / preemption; exit status 3         (RuntimeError)
+        NonFiniteLossError         NaN/inf loss or parameters            (FloatingPointError)
+        PreemptedError             SIGTERM / preemption: exit status 3; SIGINT (Ctrl-C): 130
+                                                                               (RuntimeError)
 """
 
 import os
 import re
+import signal
 import sys
 import traceback
 
 TRACEBACK_ENV = "SPTLIB_TRACEBACK"
 EXIT_ERROR = 2  # a SptlibError: bad input, or a run stopped with its checkpoints kept
 EXIT_PREEMPTED = 3  # stopped on request; the same command resumes
+EXIT_INTERRUPTED = 130  # stopped by SIGINT (Ctrl-C), a checkpoint kept; the same command resumes
 
 
 class SptlibError(Exception):
@@ -62,8 +69,20 @@ class NoCheckpointError(CheckpointError, FileNotFoundError):
     """`init_from` points at a place that holds no readable checkpoint."""
 
 
+class CheckpointDigestError(CheckpointError, RuntimeError):
+    """A checkpoint's arrays or JSON items differ from the digest recorded when it was saved."""
+
+
 class ResultsError(SptlibError, ValueError):
     """A results file is unreadable (e.g. truncated by a kill)."""
+
+
+class WorkdirBusyError(SptlibError):
+    """Another live process holds the workdir's lock (the message names its pid and host)."""
+
+
+class WriteError(SptlibError, OSError):
+    """A file could not be written: disk full, file-size limit (ulimit -f), unwritable path."""
 
 
 class StopError(SptlibError):
@@ -75,7 +94,12 @@ class NonFiniteLossError(StopError, FloatingPointError):
 
 
 class PreemptedError(StopError, RuntimeError):
-    """The run was asked to stop (SIGTERM / preemption); a checkpoint of the last step was saved."""
+    """The run was asked to stop (SIGTERM / preemption / SIGINT); a checkpoint of the last step
+    was saved. `signum` is the signal that asked (None: the preemption service)."""
+
+    def __init__(self, message="", signum=None):
+        super().__init__(message)
+        self.signum = signum
 
 
 def one_line(e: BaseException) -> str:
@@ -133,7 +157,74 @@ def parse_absl_flags(argv, prog: str):
 
 
 def exit_code(e: BaseException) -> int:
-    return EXIT_PREEMPTED if isinstance(e, PreemptedError) else EXIT_ERROR
+    """2 for a `SptlibError`; a stop on request 3, or 130 when it was SIGINT (Ctrl-C)."""
+    if isinstance(e, PreemptedError):
+        return EXIT_INTERRUPTED if e.signum == signal.SIGINT else EXIT_PREEMPTED
+    return EXIT_ERROR
+
+
+def write_error(e: OSError, path=None) -> "WriteError":
+    """A one-line `WriteError` for an `OSError` of writing `path` (disk full: with the free
+    space of its file system; a file-size limit: with the limit)."""
+    import errno
+    where = path or getattr(e, "filename", None) or "?"
+    reason = e.strerror or str(e)
+    hint = ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = f"; {_free_space(where)} free there: free some space or use another --workdir"
+    elif e.errno == errno.EFBIG:
+        hint = f"; the file-size limit is {_fsize_limit()} (ulimit -f): raise it"
+    elif e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        hint = "; pick a writable --workdir"
+    out = WriteError(f"cannot write {where}: {reason} (errno {e.errno}){hint}")
+    out.errno = e.errno
+    return out
+
+
+def _free_space(path) -> str:
+    import shutil
+    p = str(path)
+    while p and not os.path.exists(p):
+        p = os.path.dirname(p)
+    try:
+        return f"{shutil.disk_usage(p or '.').free / 2**20:.1f} MiB"
+    except OSError:
+        return "? MiB"
+
+
+def _fsize_limit() -> str:
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return "?"
+    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
+
+
+WRITE_ERRNOS = (28, 122, 27, 30)  # ENOSPC, EDQUOT, EFBIG, EROFS
+
+
+def find_write_error(e: BaseException):
+    """The disk-full / file-size / read-only `OSError` in `e`'s chain (orbax and tensorstore
+    wrap it), as a `WriteError`; None when there is none. Messages of wrapped errors that only
+    carry the text ("No space left on device") are recognised too."""
+    import errno
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, WriteError):
+            return e
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            return write_error(e)
+        text = str(e)
+        for code, needle in ((errno.ENOSPC, "No space left on device"),
+                             (errno.EFBIG, "File too large"),
+                             (errno.EROFS, "Read-only file system")):
+            if needle in text:
+                found = re.search(r"(/[^\s'\"\]\[]+)", text)
+                return write_error(OSError(code, needle), found.group(1) if found else None)
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def report(e: BaseException, prog: str, *, verbose=None, stream=None) -> int:

@@ -6,7 +6,10 @@ Layout of one stage's checkpoints (`workdir/<stage>/checkpoints/`):
     <step>/state/      the `TrainState` (orbax PyTree / OCDBT; arrays restored onto any mesh)
     <step>/data/       every process's training data iterator state (JSON), saved with the state
     <step>/metrics/    validation metrics of that step (when evaluated) plus `score`
-    corrupt/<step>-*   checkpoints found unreadable on restore, moved aside (never deleted)
+    <step>/digest/     SHA-256 of every array and of the data and metrics items, recorded at save
+                       time (`sptlib.train.digest`); a restore that reads other bytes fails
+    corrupt/<step>-*   checkpoints found unreadable or damaged, moved aside (never deleted)
+    diverged/<step>-*  checkpoints of a diverged state (`sptlib.train.loop`), moved aside
 
 `score` is the stage's `best_metric` signed so that larger is better (`-loss` for best_mode=min):
 any reader can pick the best checkpoint of a directory without knowing the stage's config.
@@ -17,13 +20,15 @@ Retention: the latest `keep` checkpoints plus the best-scoring one (orbax
 Restore priority (MaxText's), implemented by `sptlib.train.loop`:
   1. the stage's own latest readable checkpoint -> full resume (`StageCheckpointer.restore_latest`).
      A checkpoint of another config (tree, shape, dtype) stops the run, nothing moved; only
-     unreadable ones are moved to `corrupt/`, and if none is left the run stops rather than
-     restarting from step 0 (unless `stages.<s>.start_over_if_unreadable`);
+     unreadable ones (missing or corrupt files, bytes that differ from the save-time digest, an
+     unreadable metrics file) are moved to `corrupt/`, and if none is left the run stops rather
+     than restarting from step 0 (unless `stages.<s>.start_over_if_unreadable`);
   2. else `init_from` -> parameters only (`sptlib.train.transfer.load_pretrained`);
   3. else the random init.
 Every path is an `etils.epath.Path`, so `gs://` workdirs work like local ones.
 """
 
+import json
 import math
 import time
 from typing import Any, Optional, Sequence
@@ -35,8 +40,10 @@ from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
 # Error types live in sptlib.errors (JAX-free); file helpers in checkpoint_io. Both re-exported.
-from sptlib.errors import (CheckpointMismatchError, IncompatibleCheckpointError,  # noqa: F401
-                           NoCheckpointError, NoReadableCheckpointError)
+from sptlib.errors import (CheckpointDigestError, CheckpointMismatchError,  # noqa: F401
+                           IncompatibleCheckpointError, NoCheckpointError,
+                           NoReadableCheckpointError)
+from sptlib.train import digest as digest_lib
 from sptlib.train.checkpoint_io import (  # noqa: F401
     _flat, abstract_like, absolute, decode_iterator_state, describe_mismatch,
     encode_iterator_state, gather_iterator_states, leaf_specs, local_iterator_state, saved_tree,
@@ -44,6 +51,9 @@ from sptlib.train.checkpoint_io import (  # noqa: F401
 
 CHECKPOINTS_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"
+DIVERGED_DIR = "diverged"
+# Keys of the data item besides the iterator states (`save(extra=...)`).
+_ITERATOR_KEYS = ("process_count", "states")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,6 +86,12 @@ class StageCheckpointer:
 
     def __init__(self, directory, *, keep: int = 2, async_saves: bool = True):
         self.directory = absolute(directory)
+        self.manager = None
+        # Unreadable steps moved aside: [{step, error, moved_to}] (see `restore_latest`).
+        self.quarantined = []
+        # The data item's extra keys of the last restore (`save(extra=...)`).
+        self.extra = {}
+        self._check_metrics_files()  # orbax reads every metrics file when it opens the folder
         policy = ocp.checkpoint_managers.AnyPreservationPolicy([
             ocp.checkpoint_managers.LatestN(n=keep),
             ocp.checkpoint_managers.BestN(get_metric_fn=_score_fn, n=1,
@@ -85,9 +101,34 @@ class StageCheckpointer:
             best_fn=_score_fn, best_mode="max", preservation_policy=policy,
             enable_async_checkpointing=async_saves, cleanup_tmp_directories=True, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "data"))
-        # Unreadable steps moved aside by `restore_latest`: [{step, error, moved_to}].
-        self.quarantined = []
+                                             item_names=("state", "data", digest_lib.ITEM))
+
+    def _check_metrics_files(self):
+        """Moves aside every step whose metrics file is unreadable or differs from its digest
+        (orbax would stop on it with a JSONDecodeError before anything could fall back)."""
+        if "://" not in str(self.directory) and not self.directory.is_dir():
+            return
+        for step_dir in sorted(self.directory.iterdir(), key=lambda p: p.name):
+            if not step_dir.name.isdigit() or not step_dir.is_dir():
+                continue
+            path = step_dir / "metrics" / "metrics"
+            try:
+                rec = digest_lib.read(step_dir)
+                if path.exists():
+                    metrics = json.loads(path.read_text())
+                    if rec is not None:
+                        digest_lib.check_json(rec, "metrics", metrics, path)
+                elif rec is not None and rec.get("metrics"):
+                    raise CheckpointDigestError(f"{path} is missing")
+                continue
+            except (ValueError, UnicodeDecodeError, CheckpointDigestError) as e:
+                error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+            step = int(step_dir.name)
+            logging.warning("Checkpoint step %d in %s has a damaged metrics/digest file (%s); "
+                            "falling back to the previous checkpoint.", step, self.directory,
+                            error)
+            self.quarantined.append({"step": step, "error": error,
+                                     "moved_to": str(self._quarantine(step))})
 
     # -- queries ------------------------------------------------------------------------------
     def all_steps(self) -> Sequence[int]:
@@ -117,19 +158,26 @@ class StageCheckpointer:
 
     # -- save -----------------------------------------------------------------------------------
     def save(self, step: int, state, iterator_state: Any, *,
-             metrics: Optional[dict] = None) -> bool:
-        """Starts an (async) save of `state` and the data iterator state at `step`.
+             metrics: Optional[dict] = None, extra: Optional[dict] = None) -> bool:
+        """Starts an (async) save of `state` and the data iterator state at `step`, with the
+        digest of both (computed here, from the host copy of `state`).
 
         Args:
           metrics: validation metrics of this step (must contain `score`); None if not evaluated.
+          extra: JSON kept in the data item beside the iterator states (the loop's validation
+            history and wall time, so that a damaged history.json can be rebuilt); read back
+            as `self.extra` after a restore.
         Returns:
           Whether a save was started (False when the step is already saved).
         """
         if step in self.manager.all_steps():
             return False
+        data = dict(extra or {}, **gather_iterator_states(iterator_state))
+        data[digest_lib.ITEM] = digest_lib.VERSION
+        record = digest_lib.make(state, data, metrics, to_host)
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(gather_iterator_states(iterator_state)))
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
+            **{digest_lib.ITEM: ocp.args.JsonSave(record)})
         return bool(self.manager.save(step, args=args, metrics=metrics, force=True))
 
     def wait_until_finished(self):
@@ -141,10 +189,27 @@ class StageCheckpointer:
 
     # -- restore --------------------------------------------------------------------------------
     def restore(self, step: int, abstract_state) -> tuple:
-        """Restores (state, iterator_state) of `step` onto the shardings in `abstract_state`."""
+        """Restores (state, iterator_state) of `step` onto the shardings in `abstract_state`,
+        every array and the data item checked against the save-time digest.
+
+        Raises:
+          CheckpointDigestError: what was read differs from what was saved (names the array).
+        """
+        step_dir = self.directory / str(step)
+        record = digest_lib.read(step_dir)
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-        return restored.state, local_iterator_state(restored.data)
+        if record is None:
+            logging.warning("Checkpoint %s has no digest (written before digests): restored "
+                            "without verifying its contents.", step_dir)
+        else:
+            digest_lib.check_arrays(record, digest_lib.array_digests(restored.state, to_host),
+                                    step_dir)
+            digest_lib.check_json(record, "data", restored.data, step_dir)
+        data = restored.data
+        self.extra = ({k: v for k, v in data.items() if k not in _ITERATOR_KEYS}
+                      if isinstance(data, dict) and "states" in data else {})
+        return restored.state, local_iterator_state(data)
 
     def check_identity(self, step: int, abstract_state, stage: str = "") -> bool:
         """Whether `step`'s saved tree can be read; raises if it was written by another config.
@@ -207,10 +272,19 @@ class StageCheckpointer:
                 f"start_over_if_unreadable=True to train this stage again from the start.")
         return None
 
-    def _quarantine(self, step: int) -> epath.Path:
+    def set_aside(self, steps: Sequence[int], folder: str = DIVERGED_DIR) -> list:
+        """Moves the given steps' folders to `folder/` (never deleted); returns where to."""
+        self.wait_until_finished()
+        return [str(self._quarantine(s, folder)) for s in steps]
+
+    def _quarantine(self, step: int, folder: str = CORRUPT_DIR) -> epath.Path:
         """Moves an unreadable step folder aside so the manager no longer lists it."""
         src = self.directory / str(step)
-        dst = self.directory / CORRUPT_DIR / f"{step}-{int(time.time())}"
+        dst = self.directory / folder / f"{step}-{int(time.time())}"
+        n = 0
+        while dst.exists():  # the same step set aside twice within a second
+            n += 1
+            dst = self.directory / folder / f"{step}-{int(time.time())}-{n}"
         if jax.process_index() == 0:
             dst.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -223,5 +297,6 @@ class StageCheckpointer:
                 dst = "deleted"
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"sptlib_quarantine_{step}")
-        self.manager.reload()
+        if self.manager is not None:
+            self.manager.reload()
         return dst

@@ -2,7 +2,10 @@
 
 `resolve_init_checkpoint` finds the step folder a stage's `init_from` designates (the best-scoring
 checkpoint by default); `load_pretrained` loads its parameters into a freshly initialised model,
-every tensor checked by name and shape and, after placement, bitwise against the file.
+every tensor checked by name and shape and, after placement, against the SHA-256 digest recorded
+when the checkpoint was saved (`sptlib.train.digest`), so damaged files and a wrong path, cast or
+resharding are all caught. Checkpoints written before digests are checked against a second,
+independent read of the files instead (which cannot see damage on disk).
 """
 
 import json
@@ -17,7 +20,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sptlib.errors import IncompatibleCheckpointError, NoCheckpointError
+from sptlib.errors import CheckpointDigestError, IncompatibleCheckpointError, NoCheckpointError
+from sptlib.train import digest as digest_lib
 from sptlib.train.checkpoint import CHECKPOINTS_DIR
 from sptlib.train.checkpoint_io import _flat, absolute, saved_tree, to_host
 
@@ -86,8 +90,8 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
       params: the freshly initialised `params` (arrays with the target shardings).
       model_state: the fresh non-trainable collections (`{"batch_stats": ...}`) or {}/None.
       dont_load: regexes (re.search) of paths not to load.
-      verify: read the loaded tensors back from the files and check them bitwise equal to the
-        arrays placed in the model.
+      verify: check every tensor placed in the model against the checkpoint's save-time digest
+        (or, for a checkpoint without one, bitwise against a second read of the files).
 
     Returns:
       (params, model_state, report) with report = {"checkpoint", "loaded", "not_loaded",
@@ -95,9 +99,11 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
 
     Raises:
       IncompatibleCheckpointError: naming the first (sorted) mismatched parameter.
+      CheckpointDigestError: a loaded tensor differs from the digest recorded at save time.
     """
     step_dir = absolute(step_dir)
     saved = saved_tree(step_dir)
+    record = digest_lib.read(step_dir) if verify else None
     model_state = model_state or {}
     targets = {"params": params, "model_state": model_state}
     report = {"checkpoint": str(step_dir), "loaded": [], "not_loaded": [],
@@ -165,9 +171,24 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
         out[coll] = (flax.traverse_util.unflatten_dict(
             {tuple(k.split("/")): v for k, v in tflat.items()}) if tflat else type(target)())
 
-    if verify and load_items:
-        # Independent read: the same tensors as NumPy (no sharding), compared bitwise with what
-        # now sits in the model, so a wrong path, cast or resharding cannot pass silently.
+    how = "not verified"
+    if verify and load_items and record is not None:
+        # What now sits in the model, against what was saved: damaged files, a wrong path, cast
+        # or resharding cannot pass silently.
+        placed = {f"{coll}/{path}": digest_lib.array_digest(to_host(v))
+                  for coll in load_items for path, v in _flat(out[coll]).items()}
+        try:
+            digest_lib.check_arrays(record, placed, step_dir, subset=True)
+        except CheckpointDigestError as e:
+            raise CheckpointDigestError(
+                f"init_from: loaded parameter differs from the checkpoint file's save-time "
+                f"digest: {e}. Rerun the stage that wrote it, or point init_from / "
+                f"init_checkpoint at another checkpoint.") from None
+        how = "verified against the save-time digest"
+    elif verify and load_items:
+        # No digest (an older checkpoint): an independent read, the same tensors as NumPy (no
+        # sharding), compared bitwise with what now sits in the model.
+        how = "verified bitwise against a second read (no digest recorded)"
         host_item = {coll: unflat(items, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype))
                      for coll, items in load_items.items()}
         with ocp.PyTreeCheckpointer() as ckptr:
@@ -182,14 +203,15 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
                 ref = np.asarray(ref)
                 if got.dtype != ref.dtype or got.shape != ref.shape or \
                         got.tobytes() != ref.tobytes():
-                    raise RuntimeError(f"Loaded parameter {coll}/{path} differs from the "
-                                       f"checkpoint file {step_dir} after placement")
+                    raise CheckpointDigestError(f"Loaded parameter {coll}/{path} differs from "
+                                                f"the checkpoint file {step_dir} after placement")
 
     for path in report["not_loaded"]:
         logging.info("init_from: %s not loaded (fresh init).", path)
     for path in report["skipped_from_checkpoint"]:
         logging.info("init_from: %s in the checkpoint skipped (dont_load).", path)
-    logging.info("init_from %s: loaded %d tensors%s, %d kept fresh, %d skipped.", step_dir,
-                 len(report["loaded"]), " (verified bitwise)" if verify else "",
-                 len(report["not_loaded"]), len(report["skipped_from_checkpoint"]))
+    logging.info("init_from %s: loaded %d tensors (%s), %d kept fresh, %d skipped.", step_dir,
+                 len(report["loaded"]), how, len(report["not_loaded"]),
+                 len(report["skipped_from_checkpoint"]))
+    report["verified"] = how
     return out["params"], out["model_state"], report
