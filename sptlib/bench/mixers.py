@@ -32,7 +32,7 @@ from sptlib.kernels import fft_conv, s5_recurrent, s5_scan
 from sptlib.layers import MIXERS, get_mixer
 from sptlib.models.config import model_config
 
-SSM_MIXERS = ("s4", "s4d", "dss", "dlr", "s5", "gss")
+SSM_MIXERS = ("s4", "s4d", "dss", "dlr", "s5", "gss", "mamba", "mamba2")
 ATTENTION_MIXERS = ("attention_plain", "attention_chunked", "attention_local")
 ALL_MIXERS = ATTENTION_MIXERS + SSM_MIXERS
 

@@ -33,7 +33,11 @@ from sptlib.configs.paper import REGIMES, TASKS, Recipe, TaskSpec
 from sptlib.train import config as train_config
 
 MODELS = ("transformer", "transformer-causal", "s4", "s4d", "dss", "gss", "gss-hybrid", "dlr",
-          "s5")
+          "s5", "mamba", "mamba2")
+# Selective SSMs (sptlib.layers.mamba): the SSM recipe's sizes, no FFN (their reference blocks
+# have none), and one learning rate (their reference code: A_log, D and the dt bias only skip
+# weight decay).
+SELECTIVE_MODELS = ("mamba", "mamba2")
 ATTENTION_MODELS = ("transformer", "transformer-causal", "gss-hybrid")
 # Names beside MODELS: Transformer width/depth variants and the bag-of-words control.
 VARIANTS = ("transformer-deep", "transformer-wide2", "transformer-wide", "bow")
@@ -92,6 +96,8 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
         m.mixer, m.pattern, m.ffn_mult = "gss", "uniform", 0
     elif base == "gss-hybrid":
         m.mixer, m.pattern, m.ffn_mult = "gss", "gss_hybrid", 0
+    elif base in SELECTIVE_MODELS:
+        m.mixer, m.pattern, m.ffn_mult = base, "uniform", 0
     elif base in ("s4", "s4d", "dss", "dlr", "s5"):
         m.mixer, m.pattern = base, "uniform"
         # DLR has no step size (its decay rates have their own init range).
@@ -178,7 +184,7 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
         for name in ("pretrain", "finetune", "scratch"):
             s, r = c.stages[name], recipe.stage(name)
             s.batch_size = r.batch_size
-            set_optim(s, r, ssm=not attention)
+            set_optim(s, r, ssm=not attention and variants.family(model) not in SELECTIVE_MODELS)
             steps[name] = steps_for(r, task.num_train)
             s.eval_every = s.checkpoint_every = max(1, steps[name] // 50)
         scaled = {k: max(1, int(v * scale)) for k, v in steps.items()}

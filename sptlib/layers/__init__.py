@@ -22,6 +22,9 @@ MIXERS = {
     "dss": "sptlib.layers.ssm:DSSMixer",
     "dlr": "sptlib.layers.ssm:DLRMixer",
     "s5": "sptlib.layers.ssm:S5Mixer",
+    # Selective SSMs (input-dependent dt, B, C): sptlib.layers.mamba.
+    "mamba": "sptlib.layers.mamba:MambaMixer",
+    "mamba2": "sptlib.layers.mamba:Mamba2Mixer",
     # A whole residual block with the mixer contract; backbones use it without another wrapper.
     "gss": "sptlib.layers.gss:GSSBlock",
 }

@@ -11,7 +11,8 @@ import ml_collections
 def model_config():
     """Returns the default (small) model config; experiments override sizes."""
     c = ml_collections.ConfigDict()
-    # Sequence mixer of every block: attention | s4 | s4d | dss | dlr | s5 | gss.
+    # Sequence mixer of every block: attention | s4 | s4d | dss | dlr | s5 | gss | mamba | mamba2
+    # (the selective SSMs, sptlib.layers.mamba).
     c.mixer = "s4d"
     # Block pattern: uniform (n_layers blocks of `mixer`) | gss_hybrid (attention block at every
     # 4th layer starting at the 2nd, GSS elsewhere) | wide_attention (1 layer with n_layers*n_heads heads)
@@ -64,6 +65,12 @@ def model_config():
     c.dlr = ml_collections.ConfigDict(dict(d_state=1024))
     c.s5 = ml_collections.ConfigDict(dict(d_state=64, init_kind="legs"))
     c.gss = ml_collections.ConfigDict(dict(d_state=512, expansion=4, d_ssm=0))
+    # Mamba: state N per channel, d_inner = expand * d_model, dt_rank 0 = ceil(d_model / 16);
+    # Mamba-2: head_dim must divide expand * d_model, n_groups the heads; chunk_size of the scans.
+    c.mamba = ml_collections.ConfigDict(dict(d_state=16, expand=2, d_conv=4, dt_rank=0,
+                                             chunk_size=64))
+    c.mamba2 = ml_collections.ConfigDict(dict(d_state=64, expand=2, d_conv=4, head_dim=64,
+                                              n_groups=1, chunk_size=64))
     return c
 
 
