@@ -148,13 +148,13 @@ def test_real_ssm_model_params_are_labelled_and_not_decayed():
     assert optim.param_labels(abstract["params"]) == labels
     flat = {jax.tree_util.keystr(p): l for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]}
     assert any(l == "ssm" for l in flat.values()) and any(l == "default" for l in flat.values())
-    assert all(l == "ssm" for k, l in flat.items() if "log_dt" in k)
+    assert all(l == "ssm_dt" for k, l in flat.items() if "log_dt" in k)
     cfg = optim.optim_config()
     cfg.lr, cfg.ssm_lr, cfg.weight_decay, cfg.schedule = 0.1, 0.1, 0.5, "constant"
     zeros = jax.tree.map(jnp.zeros_like, params)
     out = run(optim.make_optimizer(cfg, boxed_params, 10), params, [zeros])
     for (path, p), o in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(out)):
-        factor = 1.0 if flat[jax.tree_util.keystr(path)] == "ssm" else 1 - 0.05
+        factor = 1.0 if flat[jax.tree_util.keystr(path)] in ("ssm", "ssm_dt") else 1 - 0.05
         np.testing.assert_allclose(o, p * factor, rtol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
@@ -175,7 +175,7 @@ def test_groups_come_from_the_module_not_the_leaf_name():
               "s4d": S4DMixer(d_model=4, d_state=4).init(jax.random.PRNGKey(0), x)["params"]}
     labels = optim.param_labels(params)
     assert labels["other"] == {"B": "default", "log_dt": "default"}
-    assert labels["s4d"]["B"] == labels["s4d"]["log_dt"] == "ssm"
+    assert labels["s4d"]["B"] == "ssm" and labels["s4d"]["log_dt"] == "ssm_dt"
     assert labels["s4d"]["C"] == "default"
     # The default group really decays `other/B` and the SSM group (wd 0) leaves `s4d/B` alone.
     cfg = optim.optim_config()
@@ -188,3 +188,22 @@ def test_groups_come_from_the_module_not_the_leaf_name():
     np.testing.assert_array_equal(out["s4d"]["B"], plain["s4d"]["B"])
     with pytest.raises(ValueError, match="carries no optimiser group"):
         optim.param_labels(plain)
+
+
+def test_log_dt_takes_its_own_lr_and_the_cosine_its_own_horizon():
+    """`ssm_dt_lr` moves log dt alone (the paper code's `lr.dt: null`: log dt at the global lr,
+    A and B at 1e-3, all without weight decay); `decay_steps` sets the cosine horizon."""
+    x = jnp.ones((1, 8, 4))
+    params = S4DMixer(d_model=4, d_state=4).init(jax.random.PRNGKey(0), x)["params"]
+    cfg = optim.optim_config()
+    cfg.lr, cfg.ssm_lr, cfg.ssm_dt_lr, cfg.schedule = 0.01, 1e-3, 0.01, "constant"
+    rates = {k: float(v(5)) for k, v in optim.learning_rates(cfg, 10).items()}
+    assert rates == pytest.approx({"default": 0.01, "ssm": 1e-3, "ssm_dt": 0.01})
+    cfg.ssm_dt_lr = None
+    assert float(optim.learning_rates(cfg, 10)["ssm_dt"](5)) == pytest.approx(1e-3)
+    cfg.schedule, cfg.warmup_steps, cfg.decay_steps = "cosine", 0, 20
+    # Half of a 20-step horizon at step 10, not the floor of a 10-step stage.
+    assert float(optim.make_schedule(1.0, cfg, 10)(10)) == pytest.approx(0.5)
+    cfg.decay_steps = 0
+    assert float(optim.make_schedule(1.0, cfg, 10)(10)) == pytest.approx(0.0, abs=1e-7)
+    assert optim.param_labels(params)["log_dt"] == "ssm_dt"

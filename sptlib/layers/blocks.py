@@ -58,6 +58,7 @@ class FeedForward(nn.Module):
     dropout: float = 0.0
     dtype: Any = jnp.float32
     init_scheme: str = "linen"  # linen | torch (sptlib.layers.initializers)
+    gelu_approximate: bool = True  # tanh GELU (False: exact erf GELU, as torch's nn.GELU)
 
     @nn.compact
     def __call__(self, x, *, deterministic=True):
@@ -67,7 +68,7 @@ class FeedForward(nn.Module):
         h = nn.Dense(hidden, dtype=self.dtype, kernel_init=_boxed(k_in, ("embed", "mlp")),
                      bias_init=_boxed(b_in, ("mlp",)), name="wi",
                      dot_general=linear.dot_general)(x)
-        h = nn.gelu(h)
+        h = nn.gelu(h, approximate=self.gelu_approximate)
         h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
         return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=_boxed(k_out, ("mlp", "embed")),
                         bias_init=_boxed(b_out, ("embed",)), name="wo",
@@ -93,6 +94,8 @@ class BlockConfig:
       dtype: compute dtype of the FFN and norms.
       init_scheme: linen | torch initialisation of the FFN (`sptlib.layers.initializers`); attention
         mixers take theirs from their options.
+      gelu_approximate: tanh (True) or exact (False) GELU in the FFN.
+      tie_dropout: residual dropout masks shared over the length axis (state-spaces/s4).
     """
     d_model: int = 64
     causal: bool = False
@@ -102,6 +105,8 @@ class BlockConfig:
     ffn_mult: float = 2
     dtype: Any = jnp.float32
     init_scheme: str = "linen"
+    gelu_approximate: bool = True
+    tie_dropout: bool = False
 
 
 class ResidualBlock(nn.Module):
@@ -126,14 +131,16 @@ class ResidualBlock(nn.Module):
                                         **dict(self.mixer_options), name="mixer")
         branches = [("mixer", lambda h: mixer(h, mask=mask, deterministic=deterministic))]
         if c.ffn_mult:
-            ffn = FeedForward(c.d_model, c.ffn_mult, c.dropout, c.dtype, c.init_scheme, name="ffn")
+            ffn = FeedForward(c.d_model, c.ffn_mult, c.dropout, c.dtype, c.init_scheme,
+                              c.gelu_approximate, name="ffn")
             branches.append(("ffn", lambda h: ffn(h, deterministic=deterministic)))
         for name, branch in branches:
             norm = Norm(c.norm, dtype=c.dtype, name=f"{name}_norm")
             h = norm(x, mask=mask, deterministic=deterministic) if c.prenorm else x
             if mask is not None:
                 h = jnp.where(mask[..., None], h, 0)  # padding never reaches a mixer
-            h = nn.Dropout(c.dropout)(branch(h), deterministic=deterministic)
+            h = nn.Dropout(c.dropout, broadcast_dims=(1,) if c.tie_dropout else ())(
+                branch(h), deterministic=deterministic)
             x = x + h
             if not c.prenorm:
                 x = norm(x, mask=mask, deterministic=deterministic)

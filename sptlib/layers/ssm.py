@@ -66,12 +66,13 @@ class DLRMixer(ConvSSM):
     """DLR (Gupta, Mehta & Berant 2022) block, `DLRKernel`: lambda = exp(-a^2 + i theta) shared
     by the channels, d_state = N complex modes (1024).
 
-    Parameters: a, theta [ssm]; C, D, out_proj [default].
+    Parameters: a, theta [ssm]; C [default; ssm with `c_in_ssm_group`], D, out_proj [default].
     """
     d_state: int = 1024
+    c_in_ssm_group: bool = False
 
     def _kernel_module(self, **common):
-        return DLRKernel(**common)
+        return DLRKernel(c_in_ssm_group=self.c_in_ssm_group, **common)
 
 
 class S4Mixer(ConvSSM):

@@ -23,8 +23,8 @@ from sptlib.layers.ssm_kernels import attach
 class SSMBlock(nn.Module):
     """Shared S4 block: subclasses make the kernel module (`_kernel_module`) and run it (`_ssm`,
     `_init_ssm_state`, `_ssm_step`). Fields common to every mixer: d_model, causal, dropout,
-    d_state, dt_min, dt_max, gelu_approximate (tanh GELU, faster on CPU), dtype (of the output
-    projection)."""
+    d_state, dt_min, dt_max, gelu_approximate (tanh GELU, faster on CPU), tie_dropout (one mask
+    per example and channel, as state-spaces/s4's), dtype (of the output projection)."""
     d_model: int
     causal: bool = False
     dropout: float = 0.0
@@ -32,6 +32,7 @@ class SSMBlock(nn.Module):
     dt_min: float = 1e-3
     dt_max: float = 1e-1
     gelu_approximate: bool = True
+    tie_dropout: bool = False  # one dropout mask per (example, channel), shared over positions
     dtype: Any = jnp.float32
 
     @property
@@ -49,7 +50,7 @@ class SSMBlock(nn.Module):
             kernel_init=boxed(nn.initializers.lecun_normal(), ("embed", "mlp")),
             bias_init=boxed(nn.initializers.zeros, ("mlp",)),
             name="out_proj")
-        self.drop = nn.Dropout(self.dropout)
+        self.drop = nn.Dropout(self.dropout, broadcast_dims=(1,) if self.tie_dropout else ())
 
     # -- subclass interface ---------------------------------------------------------------------
     def _kernel_module(self, **common):

@@ -73,13 +73,15 @@ class SSMKernel(nn.Module):
         """A float32 parameter with logical axes `axes`, in the default optimiser group."""
         return self.param(name, boxed(init, axes), shape, jnp.float32)
 
-    def _ssm_p(self, name, init, shape, axes):
-        """A float32 parameter of the "ssm" optimiser group (own learning rate, no decay)."""
-        return self.param(name, ssm_group(init, axes), shape, jnp.float32)
+    def _ssm_p(self, name, init, shape, axes, group="ssm"):
+        """A float32 parameter of the "ssm" optimiser group (own learning rate, no decay); the
+        step sizes are in its sub-group "ssm_dt" (`sptlib.layers.param_groups`)."""
+        return self.param(name, ssm_group(init, axes, group), shape, jnp.float32)
 
     def _log_dt(self, size, axis):
-        """log dt `[size]`, log-uniform in [dt_min, dt_max]."""
-        return self._ssm_p("log_dt", log_uniform(self.dt_min, self.dt_max), (size,), (axis,))
+        """log dt `[size]`, log-uniform in [dt_min, dt_max] (optimiser group "ssm_dt")."""
+        return self._ssm_p("log_dt", log_uniform(self.dt_min, self.dt_max), (size,), (axis,),
+                           "ssm_dt")
 
     def kernel(self, length):
         raise NotImplementedError
@@ -204,16 +206,19 @@ class DLRKernel(SSMKernel):
     lambda = exp(-a^2 + i theta) `[N]` shared by the channels, C `[n_dir, H, N]`.
 
     Init: a^2 log-uniform in [1e-4, 1e-1] (|lambda| in [0.90, 0.9999]), theta uniform in
-    [0, 2 pi), C complex normal with E|C|^2 = 1/N. Parameters: a, theta [ssm]; C.
+    [0, 2 pi), C complex normal with E|C|^2 = 1/N. Parameters: a, theta [ssm]; C [default, or
+    ssm with `c_in_ssm_group`: the paper code's `W`, at `lr.W` without weight decay].
     """
     d_state: int = 1024
+    c_in_ssm_group: bool = False
 
     def setup(self):
         h, n = self.channels, self.d_state
         self.a = self._ssm_p("a", sqrt_log_uniform(1e-4, 1e-1), (n,), ("ssm_state",))
         self.theta = self._ssm_p("theta", uniform(0.0, 2 * np.pi), (n,), ("ssm_state",))
-        self.C = self._p("C", complex_normal(1.0 / np.sqrt(n)), (self.n_dir, h, n, 2),
-                         DIR_CHANNEL_STATE)
+        make = self._ssm_p if self.c_in_ssm_group else self._p
+        self.C = make("C", complex_normal(1.0 / np.sqrt(n)), (self.n_dir, h, n, 2),
+                      DIR_CHANNEL_STATE)
 
     def kernel(self, length):
         log_lambda = kernels.dlr_log_lambda(self.a, self.theta)

@@ -40,7 +40,9 @@ def block_config(model_cfg) -> BlockConfig:
     return BlockConfig(d_model=c.d_model, causal=c.causal, dropout=c.dropout, norm=c.norm,
                        prenorm=c.prenorm, ffn_mult=c.ffn_mult,
                        dtype=DTYPES[c.get("dtype", "float32")],
-                       init_scheme=c.get("init_scheme", "linen"))
+                       init_scheme=c.get("init_scheme", "linen"),
+                       gelu_approximate=c.get("gelu_approximate", True),
+                       tie_dropout=c.get("tie_dropout", False))
 
 
 def layer_specs(model_cfg):
@@ -139,7 +141,9 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
     kind = h.get("kind")
     pooling = h.get("pooling", c.pooling)
     if kind == "classify":
-        head = ClassifyHead(h["num_classes"], pooling, scheme, c.d_model if bow else 0)
+        head = ClassifyHead(h["num_classes"], pooling, scheme,
+                            c.d_model if bow else c.get("head_hidden", 0),
+                            "gelu" if bow else c.get("head_activation", "gelu"))
     elif kind == "token_logits":
         head = TokenHead(h.get("num_outputs") or c.vocab_size, init_scheme=scheme)
     elif kind == "pixel_logits":
@@ -147,7 +151,8 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
     elif kind == "regress":
         head = TokenHead(c.d_input, axis_name="classes", init_scheme=scheme)
     elif kind == "retrieval":
-        head = RetrievalHead(h["num_classes"], pooling, init_scheme=scheme)
+        head = RetrievalHead(h["num_classes"], pooling, init_scheme=scheme,
+                             gelu_approximate=c.get("gelu_approximate", True))
     else:
         raise ValueError(f"head kind {kind!r} not in {HEADS}")
     return SequenceModel(encoder, backbone, head, kind)

@@ -55,6 +55,16 @@ def model_config():
     # defaults); see sptlib.layers.initializers. Norms, embeddings and SSM parameters are
     # unaffected.
     c.init_scheme = "linen"
+    # GELU of the FFN, SSM blocks and retrieval head: True = tanh approximation (Flax's default,
+    # faster on CPU) | False = exact (erf; PyTorch's nn.GELU, the paper code's).
+    c.gelu_approximate = True
+    # Residual-branch dropout with one mask per (example, feature), shared by every position
+    # (state-spaces/s4 `tie_dropout`); False = independent per position.
+    c.tie_dropout = False
+    # Classifier head: hidden width of an MLP on the pooled features (0 = one linear map) and its
+    # activation (relu | gelu); the paper code's `sequence_nonelinear` decoder is d_model / relu.
+    c.head_hidden = 0
+    c.head_activation = "gelu"
     # Mixer-specific options, passed to the mixer constructor.
     c.attention = ml_collections.ConfigDict(
         dict(n_heads=4, positions="none", impl="plain", window=0, chunk_size=512,

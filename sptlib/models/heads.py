@@ -52,13 +52,15 @@ class ClassifyHead(nn.Module):
     pooling: str = "mean"
     init_scheme: str = "linen"
     d_hidden: int = 0
+    activation: str = "gelu"  # of the hidden layer: gelu (tanh) | relu
 
     @nn.compact
     def __call__(self, x, mask=None):
         pooled = pool(x, mask, self.pooling).astype(jnp.float32)
         if self.d_hidden:
-            pooled = nn.gelu(_dense(self.d_hidden, ("embed", "mlp"), "hidden", pooled.shape[-1],
-                                    self.init_scheme)(pooled))
+            act = {"gelu": nn.gelu, "relu": nn.relu}[self.activation]
+            pooled = act(_dense(self.d_hidden, ("embed", "mlp"), "hidden", pooled.shape[-1],
+                                self.init_scheme)(pooled))
         return _dense(self.num_classes, ("embed", "classes"), "logits", pooled.shape[-1],
                       self.init_scheme)(pooled)
 
@@ -96,6 +98,7 @@ class RetrievalHead(nn.Module):
     pooling: str = "mean"
     d_hidden: int = 0  # 0 = the feature width
     init_scheme: str = "linen"
+    gelu_approximate: bool = True  # False: exact GELU (the paper code's)
 
     @nn.compact
     def __call__(self, x1, mask1, x2, mask2):
@@ -103,6 +106,6 @@ class RetrievalHead(nn.Module):
         v = pool(x2, mask2, self.pooling).astype(jnp.float32)
         h = jnp.concatenate([u, v, u * v, u - v], axis=-1)
         h = nn.gelu(_dense(self.d_hidden or u.shape[-1], ("mlp", "embed"), "hidden", h.shape[-1],
-                           self.init_scheme)(h))
+                           self.init_scheme)(h), approximate=self.gelu_approximate)
         return _dense(self.num_classes, ("embed", "classes"), "logits", h.shape[-1],
                       self.init_scheme)(h)

@@ -1,10 +1,11 @@
 """AdamW with warmup + constant/cosine schedules and a separate group for SSM parameters.
 
 The SSM parameters (A, B/C where structured, log Δ) take their own learning rate and no weight
-decay (S4 / SPT practice). The SSM layers create them in the "ssm" group
-(`sptlib.layers.param_groups`: a box type set by the module, not a leaf name), and
-`param_labels(params)` reads the `"ssm"` / `"default"` labels off it. Everything else gets plain
-AdamW.
+decay (S4 / SPT practice). The SSM layers create them in the "ssm" group, the step sizes log Δ in
+its own "ssm_dt" group (`sptlib.layers.param_groups`: a box type set by the module, not a leaf
+name), and `param_labels(params)` reads the `"ssm_dt"` / `"ssm"` / `"default"` labels off it.
+log Δ takes `ssm_dt_lr` (None = `ssm_lr`; the paper code's S4 configs give it the global lr).
+Everything else gets plain AdamW.
 Gradient clipping (by global norm over *all* parameters) happens before the split.
 """
 
@@ -22,6 +23,8 @@ def optim_config():
     c.lr = 1e-3
     # Peak learning rate of the SSM parameters (None = same as lr).
     c.ssm_lr = 1e-3
+    # Peak learning rate of the SSM step sizes log dt (None = ssm_lr). No weight decay either.
+    c.ssm_dt_lr = ml_collections.config_dict.placeholder(float)
     # Decoupled weight decay (multiplied by the learning rate, as torch/optax AdamW).
     c.weight_decay = 0.05
     # Weight decay of the SSM parameters.
@@ -33,6 +36,9 @@ def optim_config():
     # After warmup: constant | cosine (to min_lr_ratio * peak at the last step).
     c.schedule = "cosine"
     c.min_lr_ratio = 0.0
+    # Cosine horizon in steps, warmup included (the paper code's `num_training_steps`); 0 = the
+    # stage's number of steps, so the lr reaches its floor at the last step.
+    c.decay_steps = 0
     # Adam moments.
     c.b1 = 0.9
     c.b2 = 0.999
@@ -48,7 +54,8 @@ def make_schedule(peak, cfg, total_steps):
     Args:
       peak: peak learning rate.
       cfg: optimizer config (`warmup_steps`, `schedule`, `min_lr_ratio`).
-      total_steps: number of optimizer steps of the stage (cosine reaches its floor there).
+      total_steps: number of optimizer steps of the stage (cosine reaches its floor there,
+        unless `cfg.decay_steps` sets another horizon).
 
     Returns:
       An `optax.Schedule`.
@@ -57,7 +64,8 @@ def make_schedule(peak, cfg, total_steps):
     if cfg.schedule == "constant":
         after = optax.constant_schedule(peak)
     elif cfg.schedule == "cosine":
-        decay_steps = max(int(total_steps) - warmup, 1)
+        horizon = int(cfg.get("decay_steps", 0) or 0) or int(total_steps)
+        decay_steps = max(horizon - warmup, 1)
         after = optax.cosine_decay_schedule(peak, decay_steps, alpha=float(cfg.min_lr_ratio))
     else:
         raise ValueError(f"Unknown schedule {cfg.schedule!r}; expected constant | cosine")
@@ -68,14 +76,17 @@ def make_schedule(peak, cfg, total_steps):
 
 
 def learning_rates(cfg, total_steps):
-    """Schedules by group, for logging: `{"default": schedule, "ssm": schedule}`."""
+    """Schedules by group, for logging: `{"default": ..., "ssm": ..., "ssm_dt": ...}`."""
     ssm_lr = cfg.lr if cfg.ssm_lr is None else cfg.ssm_lr
+    dt_lr = cfg.get("ssm_dt_lr", None)
+    dt_lr = ssm_lr if dt_lr is None else dt_lr
     return {"default": make_schedule(cfg.lr, cfg, total_steps),
-            "ssm": make_schedule(ssm_lr, cfg, total_steps)}
+            "ssm": make_schedule(ssm_lr, cfg, total_steps),
+            "ssm_dt": make_schedule(dt_lr, cfg, total_steps)}
 
 
 def param_labels(params):
-    """`"ssm"` / `"default"` label per parameter, from the module that created it.
+    """`"ssm_dt"` / `"ssm"` / `"default"` label per parameter, from the module that created it.
 
     `params`: boxed (`model.init` before `nn.unbox`) or abstract from
     `sptlib.train.steps.state_logical_specs`; see `sptlib.layers.param_groups`.
@@ -94,7 +105,7 @@ def make_optimizer(cfg, params, total_steps):
 
     Returns:
       An `optax.GradientTransformation`: optional global-norm clipping, then
-      `optax.multi_transform` of AdamW for the `"default"` and `"ssm"` groups.
+      `optax.multi_transform` of AdamW for the `"default"`, `"ssm"` and `"ssm_dt"` groups.
     """
     lrs = learning_rates(cfg, total_steps)
     labels = param_labels(params)
@@ -109,7 +120,8 @@ def make_optimizer(cfg, params, total_steps):
                            mask=decay_mask)
 
     groups = {"default": adamw(lrs["default"], cfg.weight_decay),
-              "ssm": adamw(lrs["ssm"], cfg.ssm_weight_decay)}
+              "ssm": adamw(lrs["ssm"], cfg.ssm_weight_decay),
+              "ssm_dt": adamw(lrs["ssm_dt"], cfg.ssm_weight_decay)}
     tx = optax.multi_transform(groups, labels)
     if cfg.grad_clip and cfg.grad_clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx)
