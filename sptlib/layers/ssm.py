@@ -44,9 +44,11 @@ class S4DMixer(ConvSSM):
     """
     init_kind: str = "lin"
     discretization: str = "zoh"
+    n_ssm: int = 0  # tied copies of (A, B) (state-spaces/s4); 0 = one per channel
 
     def _kernel_module(self, **common):
-        return S4DKernel(init_kind=self.init_kind, discretization=self.discretization, **common)
+        return S4DKernel(init_kind=self.init_kind, discretization=self.discretization,
+                         n_ssm=self.n_ssm, **common)
 
 
 class DSSMixer(ConvSSM):
@@ -79,11 +81,13 @@ class S4Mixer(ConvSSM):
     """S4 (Gu, Goel & Re 2022) block, `S4Kernel`: DPLR A = Lambda - P P^* per channel with the
     NPLR HiPPO-LegS initialisation; its recurrence steps the full (non-diagonal) state.
 
-    Parameters: A_re, A_im, P, B, log_dt [ssm]; C, D, out_proj [default].
+    Parameters: A_re, A_im, P, B, log_dt [ssm]; C, D, out_proj [default]. `n_ssm`: tied copies
+    of (A, P, B) (state-spaces/s4), 0 = one per channel.
     """
+    n_ssm: int = 0
 
     def _kernel_module(self, **common):
-        return S4Kernel(**common)
+        return S4Kernel(n_ssm=self.n_ssm, **common)
 
     def _init_ssm_state(self, batch_size, max_length):
         c = self.ssm.output_matrix(max_length)

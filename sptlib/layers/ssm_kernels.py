@@ -60,6 +60,9 @@ class SSMKernel(nn.Module):
     n_dir: int = 1
     dt_min: float = 1e-3
     dt_max: float = 1e-1
+    # S4 / S4D: trainable copies of (A, B) (state-spaces/s4 `n_ssm`), tiled over the channels
+    # (channel h uses copy h mod n_ssm); 0 = one per channel. Must divide `channels`.
+    n_ssm: int = 0
 
     # True where the output matrix of `diag` depends on `max_length` (a recurrent state then
     # carries it, since the step itself does not know the length).
@@ -83,6 +86,18 @@ class SSMKernel(nn.Module):
         return self._ssm_p("log_dt", log_uniform(self.dt_min, self.dt_max), (size,), (axis,),
                            "ssm_dt")
 
+    def _copies(self):
+        """Number of (A, B) copies: `n_ssm` (0 = `channels`)."""
+        n = self.n_ssm or self.channels
+        if self.channels % n:
+            raise ValueError(f"n_ssm={n} does not divide the {self.channels} channels")
+        return n
+
+    def _tied(self, p):
+        """A tied parameter `[n_ssm, ...]` -> `[channels, ...]` (copies tiled, as `(v t)`)."""
+        reps = self.channels // p.shape[0]
+        return p if reps == 1 else jnp.tile(p, (reps,) + (1,) * (p.ndim - 1))
+
     def kernel(self, length):
         raise NotImplementedError
 
@@ -101,7 +116,7 @@ class S4DKernel(SSMKernel):
     discretization: str = "zoh"
 
     def setup(self):
-        h, n2, ax = self.channels, self.d_state // 2, CHANNEL_STATE
+        h, n2, ax = self._copies(), self.d_state // 2, CHANNEL_STATE
         if self.init_kind == "random":
             # Unstructured control: every channel draws its own A and B from the init key.
             a_re, a_im, b = random_diagonal_inits(n2)
@@ -113,18 +128,22 @@ class S4DKernel(SSMKernel):
         self.A_re = self._ssm_p("A_re", a_re, (h, n2), ax)
         self.A_im = self._ssm_p("A_im", a_im, (h, n2), ax)
         self.B = self._ssm_p("B", b, (h, n2, 2), ax + (None,))
-        self.C = self._p("C", complex_normal(1.0), (self.n_dir, h, n2, 2), DIR_CHANNEL_STATE)
-        self.log_dt = self._log_dt(h, "ssm_channels")
+        hc = self.channels
+        self.C = self._p("C", complex_normal(1.0), (self.n_dir, hc, n2, 2), DIR_CHANNEL_STATE)
+        self.log_dt = self._log_dt(hc, "ssm_channels")
 
     def _A(self):
-        return jax.lax.complex(-jnp.exp(self.A_re), self.A_im)
+        return self._tied(jax.lax.complex(-jnp.exp(self.A_re), self.A_im))
+
+    def _B(self):
+        return self._tied(as_complex(self.B))
 
     def kernel(self, length):
-        return kernels.s4d_kernel(self._A(), as_complex(self.B), as_complex(self.C), self.log_dt,
+        return kernels.s4d_kernel(self._A(), self._B(), as_complex(self.C), self.log_dt,
                                   length, self.discretization)
 
     def diag(self, max_length):
-        dA, dB = kernels.s4d_discretize(self._A(), as_complex(self.B), self.log_dt,
+        dA, dB = kernels.s4d_discretize(self._A(), self._B(), self.log_dt,
                                         self.discretization)
         # the kernel sums over N/2 modes of conjugate pairs: 2 Re of one of each pair
         return dA, dB, 2 * as_complex(self.C[0])
@@ -240,34 +259,37 @@ class S4Kernel(SSMKernel):
     length_dependent_c = True
 
     def setup(self):
-        h, n2, ax = self.channels, self.d_state // 2, CHANNEL_STATE
+        h, n2, ax = self._copies(), self.d_state // 2, CHANNEL_STATE
         lam, p, b, _ = kernels.nplr_legs(self.d_state)
         tile = lambda v: const(np.tile(v, (h,) + (1,) * np.ndim(v)))  # noqa: E731
         self.A_re = self._ssm_p("A_re", tile(np.log(-lam.real)), (h, n2), ax)
         self.A_im = self._ssm_p("A_im", tile(lam.imag), (h, n2), ax)
         self.P = self._ssm_p("P", tile(real_pair(p)), (h, n2, 2), ax + (None,))
         self.B = self._ssm_p("B", tile(real_pair(b)), (h, n2, 2), ax + (None,))
-        self.C = self._p("C", complex_normal(1.0), (self.n_dir, h, n2, 2), DIR_CHANNEL_STATE)
-        self.log_dt = self._log_dt(h, "ssm_channels")
+        hc = self.channels
+        self.C = self._p("C", complex_normal(1.0), (self.n_dir, hc, n2, 2), DIR_CHANNEL_STATE)
+        self.log_dt = self._log_dt(hc, "ssm_channels")
 
     def _lambda(self):
-        return jax.lax.complex(-jnp.exp(self.A_re), self.A_im)
+        return self._tied(jax.lax.complex(-jnp.exp(self.A_re), self.A_im))
+
+    def _pb(self):
+        return self._tied(as_complex(self.P)), self._tied(as_complex(self.B))
 
     def kernel(self, length):
-        return kernels.s4_kernel(self._lambda(), as_complex(self.P), as_complex(self.B),
-                                 as_complex(self.C), self.log_dt, length)
+        return kernels.s4_kernel(self._lambda(), *self._pb(), as_complex(self.C), self.log_dt,
+                                 length)
 
     def output_matrix(self, max_length):
         """Complex64 `[H, N]` output matrix of direction 0 for sequences of `max_length` steps
         (None: the infinite-length limit C = C tilde)."""
-        c = kernels.s4_output_matrix(self._lambda(), as_complex(self.P), as_complex(self.B),
-                                     as_complex(self.C[0]), self.log_dt, max_length)
+        c = kernels.s4_output_matrix(self._lambda(), *self._pb(), as_complex(self.C[0]),
+                                     self.log_dt, max_length)
         return c.astype(jnp.complex64)
 
     def step(self, x, u):
         """One bilinear step of the full state x `[batch, H, N]` by input u `[batch, H]`."""
-        return kernels.s4_step(x, u, self._lambda(), as_complex(self.P), as_complex(self.B),
-                               self.log_dt)
+        return kernels.s4_step(x, u, self._lambda(), *self._pb(), self.log_dt)
 
 
 class S5System(SSMKernel):
