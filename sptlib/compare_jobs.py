@@ -11,10 +11,16 @@ an earlier, interrupted command finished is not rerun (each shard skips finished
 
 `jobs = 0` means one process per core of this machine, at most one per run, where JAX runs on
 the CPU; where it has an accelerator, 0 means one process (it drives every device).
+
+The workers die with their parent: on Linux each asks the kernel for SIGTERM when the parent
+dies (`PR_SET_PDEATHSIG`; SIGTERM makes a run checkpoint and stop), and a worker whose parent is
+already gone stops before it starts. A rerun never trains in a run folder that a live process
+still holds: each run's workdir is locked (`sptlib.train.lock`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -98,6 +104,22 @@ def shard_argv(argv: Sequence[str], i: int, n: int) -> list[str]:
     return keep + [f"--shard={i}/{n}", "--jobs=1"]
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(pin, parent_pid):
+    """Runs in each worker between fork and exec: die with the parent, pin to cores."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's signal forwarding remains
+        pass
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(128 + signal.SIGTERM)
+    if pin:
+        os.sched_setaffinity(0, pin)
+
+
 def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
                log: Callable[[str], None] = print, cores: Sequence[int] | None = None) -> None:
     """Runs `python -m sptlib.compare argv --shard=i/jobs` for every i and waits for all.
@@ -120,7 +142,7 @@ def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
         log(f"[compare] job {i + 1}/{jobs}: shard {i}/{jobs}"
             + (f", cores {sorted(pin)}" if pin else ""))
         procs.append(subprocess.Popen(
-            cmd, preexec_fn=(lambda p=pin: os.sched_setaffinity(0, p)) if pin else None))
+            cmd, preexec_fn=lambda p=pin, me=os.getpid(): _child_setup(p, me)))
 
     def forward(signum, _frame):
         for p in procs:
@@ -135,9 +157,11 @@ def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
             signal.signal(s, h)
     codes = [p.returncode for p in procs]
     log(f"[compare] jobs finished with exit codes {codes}")
-    if any(c == errors.EXIT_PREEMPTED for c in codes):
-        raise errors.PreemptedError("a shard was stopped on request; rerun the same command "
-                                    "to resume (finished runs are kept)")
+    stopped = [c for c in codes if c in (errors.EXIT_PREEMPTED, errors.EXIT_INTERRUPTED)]
+    if stopped:
+        raise errors.PreemptedError(
+            "a shard was stopped on request; rerun the same command to resume (finished runs "
+            "are kept)", signum=signal.SIGINT if errors.EXIT_INTERRUPTED in stopped else None)
     # A shard exits 1 when one of its runs failed (the others ran): the table still shows them.
     bad = [i for i, c in enumerate(codes) if c not in (0, 1)]
     if bad:

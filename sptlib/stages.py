@@ -5,16 +5,23 @@
 single `scratch` stage. A finished stage (its `results.json` says so) is not run again; an
 unfinished one resumes from its latest checkpoint. `workdir/results.json` summarises the stages
 (`sptlib.train.results.RunResults`).
+
+One run at a time per workdir: the run holds `workdir/.sptlib.lock` (`sptlib.train.lock`) from
+before preflight to the end; a second run into it stops with one line naming the owner. Ctrl-C
+(SIGINT) is a stop on request like SIGTERM (`PreemptedError`, exit status 130): inside a stage a
+checkpoint of the current step is saved first.
 """
 
 import json
+import signal
 import time
 
 from absl import logging
 from etils import epath
 
-from sptlib.errors import ResultsError
+from sptlib.errors import PreemptedError, ResultsError
 from sptlib.train import config as config_lib
+from sptlib.train import lock as lock_lib
 from sptlib.train import loop
 from sptlib.train import preflight
 from sptlib.train import results as results_lib
@@ -59,6 +66,22 @@ def run(config, workdir) -> dict:
     """
     config_lib.validate(config)
     maybe_initialize_distributed(config)
+    preflight.check_workdir(workdir)
+    lock = lock_lib.WorkdirLock(workdir) if is_main_process() else None
+    if lock is not None:
+        lock.acquire()  # before anything is written: a busy workdir is one line, nothing touched
+    try:
+        return _run(config, workdir)
+    except KeyboardInterrupt:  # Ctrl-C outside a stage's loop (data, compile, evaluation)
+        raise PreemptedError("interrupted (SIGINT) before a checkpoint of the current stage "
+                             "could be saved; its last checkpoint is kept. Run the same "
+                             "command to resume.", signum=signal.SIGINT) from None
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(config, workdir) -> dict:
     data_info = preflight.check(config, workdir)  # data, metrics, batches: before any step
     if not is_main_process():
         # Logs (like files) come from process 0; the others report warnings and errors only.

@@ -11,7 +11,7 @@ import numpy as np
 
 from sptlib.data import sources, tokenizers
 from sptlib.data.defaults import sequence_length, task_info
-from sptlib.data.errors import DataError, located
+from sptlib.data.errors import BOM, DataError, located
 from sptlib.data.task import Task, check_tokens, missing_lra_error, register
 
 FOLDER = "tsv_data"
@@ -43,6 +43,8 @@ def read_split(path):
     docs1, docs2, labels = [], [], []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, start=1):
+            if lineno == 1 and line.startswith(BOM):  # a UTF-8 byte-order mark: not data
+                line = line[len(BOM):]
             line = line.rstrip(b"\n").rstrip(b"\r")
             if not line:
                 continue

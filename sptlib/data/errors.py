@@ -18,3 +18,19 @@ def int_label(text, path, line, num_classes):
     if not 0 <= label < num_classes:
         raise located(path, line, f"label {label} outside 0..{num_classes - 1}")
     return label
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def decode_line(raw: bytes, path, line) -> str:
+    """One line of a text file as str (no line ending); a UTF-8 byte-order mark on the first
+    line is dropped; bytes that are not UTF-8 are a `located` error naming the column."""
+    if line == 1 and raw.startswith(BOM):
+        raw = raw[len(BOM):]
+    raw = raw.rstrip(b"\n").rstrip(b"\r")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise located(path, line, f"not UTF-8 text: byte 0x{raw[e.start]:02x} at column "
+                                  f"{e.start + 1}; save the file as UTF-8") from None

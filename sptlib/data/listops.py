@@ -20,7 +20,7 @@ import numpy as np
 
 from sptlib.data import sources, tokenizers
 from sptlib.data.defaults import sequence_length, task_info
-from sptlib.data.errors import DataError, int_label, located
+from sptlib.data.errors import DataError, decode_line, int_label, located
 from sptlib.data.release import check_count, write_atomically
 from sptlib.data.task import Task, check_tokens, missing_lra_error, register
 from sptlib.errors import ConfigError
@@ -172,14 +172,14 @@ def read_split(path):
     """Parses a ListOps TSV -> (list of int32 token arrays, int32 labels [n]).
 
     Errors name the file and line: wrong column count, non-integer or out-of-range label,
-    unknown symbol, missing file.
+    unknown symbol, bytes that are not UTF-8, missing file. A UTF-8 byte-order mark is skipped.
     """
     if not os.path.exists(path):
         raise DataError(f"{path}: ListOps split file not found")
     tokens, labels = [], []
-    with open(path, newline="") as f:
-        for lineno, line in enumerate(f, start=1):
-            line = line.rstrip("\n").rstrip("\r")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = decode_line(raw, path, lineno)
             if lineno == 1 and line.startswith("Source"):
                 continue
             if not line.strip():

@@ -3,8 +3,11 @@
 `train_stage(config, stage_name, workdir)` runs `config.stages[stage_name]` in `workdir/<stage>/`:
 
     checkpoints/          orbax checkpoints (sptlib.train.checkpoint): state + data iterator state
+                          (+ the validation history and wall time so far) + their digest
     events.out.tfevents*  TensorBoard scalars (clu writers): train/*, validation/*, test_*/*
-    config.json           the full resolved config of the run
+    config.json           the full resolved config the stage first ran with (never overwritten;
+                          a resume with another config adds config.step<N>.json, see guards)
+    inputs.json           what the stage was initialised from (init_from: checkpoint, fingerprint)
     results.json          final/best step, validation and test metrics of the best and the last
                           checkpoint, wall time, params_fingerprint (see `train_stage`)
     history.json          validation metrics at every evaluation ([{"step": s, metric: v}])
@@ -12,12 +15,18 @@
 
 Restore priority (`restore`): own latest checkpoint (full resume, data iterator included) >
 `init_from` (parameters only, `dont_load` patterns kept fresh) > random init.
+
+Divergence: a checkpoint is saved only after the training loss up to its step is finite and its
+parameters are finite; a checkpoint whose own loss is not yet known (the next step's training
+loss, or its validation loss) is "unconfirmed" until it is. When the loss or the parameters turn
+non-finite, the unconfirmed checkpoints are moved to `checkpoints/diverged/`, `results.json` says
+`diverged` with the last confirmed step, and `NonFiniteLossError` is raised (exit 2): no
+checkpoint left to resume holds a diverged state, and a diverged run is never "finished".
 """
 
 import dataclasses
 import math
 import signal
-import threading
 import time
 
 from absl import logging
@@ -25,8 +34,10 @@ from etils import epath
 import jax
 
 from sptlib import data as data_lib
-from sptlib.errors import NonFiniteLossError, PreemptedError  # noqa: F401 (re-exported)
+from sptlib import errors
+from sptlib.errors import NonFiniteLossError, PreemptedError, ResultsError  # noqa: F401
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import guards
 from sptlib.train import metrics as metrics_lib
 from sptlib.train import results as results_lib
 from sptlib.train import setup
@@ -45,50 +56,40 @@ def _write_json(path: epath.Path, obj):
         results_lib.write_json(path, obj)
 
 
-class _StopFlag:
-    """Set by SIGTERM (single-process runs) so the loop checkpoints and exits cleanly."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def install(self):
-        if jax.process_count() > 1 or threading.current_thread() is not threading.main_thread():
-            # Multi-host: the JAX preemption service decides (reached_preemption), consistently
-            # on every process; a per-process flag could desynchronise them.
-            return self
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame):  # pylint: disable=unused-argument
-        logging.warning("SIGTERM received: saving a checkpoint after this step, then stopping.")
-        self.requested = True
-
-    def uninstall(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-
-
 def train_stage(config, stage_name: str, workdir) -> StageResults:
     """Runs one stage; returns its results (also written to `workdir/<stage>/results.json`;
     the fields are `sptlib.train.results.StageResults`'s).
 
     Raises:
-      NonFiniteLossError: NaN/inf training loss (the last good checkpoint is kept).
-      PreemptedError: SIGTERM / preemption (a checkpoint of the current step was saved).
+      NonFiniteLossError: NaN/inf loss or parameters (only confirmed-finite checkpoints kept).
+      PreemptedError: SIGTERM / SIGINT / preemption (a checkpoint of the current step was saved).
       IncompatibleCheckpointError: `init_from` does not fit the model.
+      WriteError: disk full, file-size limit, unwritable path (one line naming the file).
     """
+    try:
+        return _train_stage(config, stage_name, workdir)
+    except errors.SptlibError:
+        raise
+    except Exception as e:  # disk full / ulimit -f, however orbax or TensorFlow wrapped it
+        found = errors.find_write_error(e)
+        if found is None:
+            raise
+        raise found from e
+
+
+def _train_stage(config, stage_name, workdir):
     t_start = time.time()
     stage = config.stages[stage_name]
     workdir = ckpt_lib.absolute(workdir)  # orbax needs absolute local paths
     stage_dir = workdir / stage_name
+    guards.check_inputs(config, stage_name, workdir)  # upstream changed: start afresh
     previous = results_lib.read_stage(stage_dir)
     if previous and previous.finished and previous.final_step == int(stage.num_steps):
         logging.info("[%s] already finished (%s); not training again.", stage_name,
                      stage_dir / RESULTS_FILE)
+        if is_main_process():
+            guards.warn_finished_changes(config, stage_name, stage_dir)
         return previous
-    _write_config(config, stage_name, stage_dir)
     metrics_lib.preload_writer_backend()
 
     task = data_lib.get_task(config.data)
@@ -99,13 +100,19 @@ def train_stage(config, stage_name: str, workdir) -> StageResults:
                                     shard_count=jax.process_count())
     built = setup.build_stage(config, stage_name, example_batch=setup.peek(train_iter),
                               info=task.info)
+    if is_main_process():
+        guards.check_space(stage_dir, built.state)
+        stage_dir.mkdir(parents=True, exist_ok=True)
     ckpt = ckpt_lib.StageCheckpointer(stage_dir / ckpt_lib.CHECKPOINTS_DIR, keep=stage.keep,
                                       async_saves=stage.async_checkpoints)
     writer = metrics_lib.create_writer(stage_dir, is_main=is_main_process())
-    stop = _StopFlag().install()
+    stop = guards.StopFlag().install()
     run = None
+    failed = True
     try:
         state, init_info = restore(built, ckpt, train_iter, workdir)
+        if is_main_process():
+            guards.record_start(config, stage_name, stage_dir, init_info)
         run = _Run(built, stage_dir, ckpt, writer, train_iter,
                    _evaluator(task, built, local_eval_bs), t_start)
         state = run.train(state, stop)
@@ -113,6 +120,7 @@ def train_stage(config, stage_name: str, workdir) -> StageResults:
             final_evaluation(run, state), init=init_info, num_params=built.num_params,
             flops_per_step=setup.train_step_flops(built, strict=False))
         _write_json(stage_dir / RESULTS_FILE, results.to_json())
+        failed = False
         return results
     finally:
         if run is not None:
@@ -120,21 +128,14 @@ def train_stage(config, stage_name: str, workdir) -> StageResults:
         stop.uninstall()
         # Never leave with a save in flight (MaxText): a half-written latest checkpoint would
         # cost the next run a fallback.
-        ckpt.close()
-        writer.close()
-
-
-def _write_config(config, stage_name, stage_dir):
-    if not is_main_process():
-        return
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = stage_dir / CONFIG_FILE
-    cfg_json = config.to_json_best_effort(indent=2, sort_keys=True)
-    if cfg_path.exists() and cfg_path.read_text() != cfg_json:
-        logging.warning("[%s] the config differs from the one this stage ran with before "
-                        "(%s); continuing from its checkpoints with the new config.",
-                        stage_name, cfg_path)
-    cfg_path.write_text(cfg_json)
+        try:
+            ckpt.close()
+            writer.close()
+        except Exception:  # pylint: disable=broad-except
+            if not failed:
+                raise  # e.g. the last async save hit a full disk
+            logging.warning("[%s] closing the checkpointer after an error failed too.",
+                            stage_name, exc_info=True)
 
 
 def restore(built: setup.Stage, ckpt, train_iter, workdir):
@@ -164,13 +165,15 @@ def restore(built: setup.Stage, ckpt, train_iter, workdir):
                             source.status if source else "no results.json",
                             stage.init_checkpoint)
     step_dir = transfer.resolve_init_checkpoint(stage.init_from, workdir, stage.init_checkpoint)
+    source = guards.upstream(built.config, name, workdir) or {}
     params, model_state, report = transfer.load_pretrained(
         step_dir, state.params, state.model_state, dont_load=tuple(stage.dont_load))
     logging.info("[%s] initialised from %s (%d tensors loaded; fresh: %s; skipped: %s).",
                  name, step_dir, len(report["loaded"]), report["not_loaded"],
                  report["skipped_from_checkpoint"])
     return state.replace(params=params, model_state=model_state), {
-        "kind": "init_from", "checkpoint": str(step_dir), "loaded": len(report["loaded"]),
+        "kind": "init_from", "checkpoint": str(step_dir),
+        "fingerprint": source.get("fingerprint"), "loaded": len(report["loaded"]),
         "loaded_tensors": report["loaded"], "not_loaded": report["not_loaded"],
         "skipped_from_checkpoint": report["skipped_from_checkpoint"],
         "quarantined": ckpt.quarantined}
@@ -217,6 +220,10 @@ class _Run:
         self.profiling = False
         self.last_val = None
         self.step = self.start_step = self.last_checked = 0
+        # The last step whose training loss is known finite: checkpoint s is confirmed when the
+        # loss of step s + 1 (computed on its parameters) or its validation loss is finite.
+        self.checked_through = 0
+        self.confirmed = set()
         # Wall time of earlier invocations of this stage (killed or preempted ones included,
         # up to their last log or checkpoint), so results report the stage's total as well.
         self.spent_path = stage_dir / "wall_time.json"
@@ -225,13 +232,34 @@ class _Run:
         self.history = []
 
     def _resume_records(self):
-        if self.start_step > 0 and self.spent_path.exists():
-            self.spent_before = float(results_lib.read_json(self.spent_path).get("spent_s", 0.0))
-        # Validation curve, kept across resumes (entries after the resumed step are dropped:
-        # they will be recomputed identically).
-        if self.history_path.exists():
-            self.history = [h for h in results_lib.read_json(self.history_path)
-                            if h["step"] <= self.step]
+        """Wall time and validation curve of earlier invocations. The checkpoint resumed from
+        holds both up to its step: an unreadable history.json / wall_time.json is moved aside
+        to `<name>.bad` and rebuilt from it (entries after the resumed step are dropped either
+        way: they will be recomputed identically)."""
+        extra = self.ckpt.extra if self.start_step > 0 else {}
+        spent = self._read_record(self.spent_path, "spent_s" in extra)
+        if self.start_step > 0:
+            self.spent_before = float((spent or {}).get("spent_s", extra.get("spent_s", 0.0)))
+        history = self._read_record(self.history_path, "history" in extra)
+        if history is None:
+            history = extra.get("history", [])
+        self.history = [h for h in history if h["step"] <= self.step]
+
+    def _read_record(self, path, rebuildable):
+        if not path.exists():
+            return None
+        try:
+            return results_lib.read_json(path)
+        except ResultsError as e:
+            if not rebuildable:
+                raise ResultsError(f"{e}. This checkpoint predates the copy kept in checkpoints: "
+                                   f"moving it aside loses its records before step "
+                                   f"{self.step}") from None
+            logging.warning("[%s] %s is unreadable; moved to %s.bad and rebuilt from the "
+                            "checkpoint of step %d.", self.name, path, path.name, self.step)
+            if self.is_main:
+                path.replace(path.parent / (path.name + ".bad"))
+            return None
 
     def wall_total(self):
         return self.spent_before + time.time() - self.t_start
@@ -242,6 +270,9 @@ class _Run:
         num_steps, pc = int(stage.num_steps), jax.process_count()
         sync = _sync_each_step()
         self.step = self.start_step = self.last_checked = int(jax.device_get(state.step))
+        self.checked_through = self.step  # every loss up to a saved step was checked
+        self.confirmed = {s for s in self.ckpt.all_steps() if s < self.step or guards.finite(
+            (self.ckpt.metrics(s) or {}).get("loss"))}
         self._resume_records()
         self.progress = metrics_lib.Progress(self.step, num_steps, time.time)
         acc = None
@@ -262,14 +293,23 @@ class _Run:
             save_now = step % stage.checkpoint_every == 0 or eval_now or preempt
             log_now = step % stage.log_every == 0 or final
             if log_now or save_now:
-                # Every checkpoint passes this check, so no checkpoint holds a diverged state.
+                # Every checkpoint passes these checks (loss up to its step, its parameters,
+                # its validation loss when evaluated); see the module docstring.
                 # (The window runs from the last log, so a NaN stays in the sums until then.)
                 values = metrics_lib.summarize(acc)
                 self._check_finite(values)
                 if log_now:
                     self._log(values)
                     acc, self.last_checked = None, step
+            if save_now and not guards.finite_params(state.params):
+                self._diverged(f"non-finite parameters after step {step}")
             val = self._validate(state) if eval_now else None
+            if val is not None:
+                bad = {k: v for k, v in val.items() if "loss" in k and not guards.finite(v)}
+                if bad:
+                    self._diverged(f"non-finite validation {metrics_lib.format_metrics(bad)} "
+                                   f"of the parameters after step {step}")
+                self.confirmed.add(step)
             if (log_now or save_now) and self.is_main:
                 _write_json(self.spent_path, {"spent_s": self.wall_total()})
             if save_now:
@@ -277,12 +317,14 @@ class _Run:
                 if val is not None:
                     ckpt_metrics = dict(val, score=ckpt_lib.score_of(val, stage.best_metric,
                                                                      stage.best_mode))
-                self.ckpt.save(step, state, self.train_iter.get_state(), metrics=ckpt_metrics)
+                self.ckpt.save(step, state, self.train_iter.get_state(), metrics=ckpt_metrics,
+                               extra={"history": self.history, "spent_s": self.wall_total()})
             if preempt and not final:
                 self.ckpt.wait_until_finished()
-                raise PreemptedError(f"[{name}] stopped at step {step} on request "
-                                     f"(SIGTERM/preemption); checkpoint saved in "
-                                     f"{self.ckpt.directory}. Run the same command to resume.")
+                how = signal.Signals(stop.signum).name if stop.signum else "preemption"
+                raise PreemptedError(f"[{name}] stopped at step {step} on request ({how}); "
+                                     f"checkpoint saved in {self.ckpt.directory}. Run the same "
+                                     f"command to resume.", signum=stop.signum)
         self.stop_profiler()
         return state
 
@@ -310,14 +352,28 @@ class _Run:
     def _check_finite(self, values):
         loss_keys = [k for k in values if "loss" in k] or list(values)
         if all(math.isfinite(values[k]) for k in loss_keys):
+            # Every checkpoint before this step was used for a loss now known to be finite.
+            self.checked_through = self.step
+            self.confirmed |= {s for s in self.ckpt.all_steps() if s < self.step}
             return
+        self._diverged(f"non-finite training loss between steps {self.last_checked + 1} and "
+                       f"{self.step} ({metrics_lib.format_metrics(values)})")
+
+    def _diverged(self, what):
+        """Sets the unconfirmed checkpoints aside, records `diverged`, raises."""
         self.ckpt.wait_until_finished()
-        good = self.ckpt.latest_step()
-        kept = (f"the last good checkpoint is step {good} in {self.ckpt.directory}"
-                if good is not None else "no checkpoint was saved before it")
-        msg = (f"[{self.name}] non-finite training loss between steps {self.last_checked + 1} "
-               f"and {self.step} ({metrics_lib.format_metrics(values)}). Stopping the stage; "
-               f"{kept}. Lower the learning rate, raise warmup or set optim.grad_clip.")
+        saved = self.ckpt.all_steps()
+        good = max((s for s in saved if s in self.confirmed), default=None)
+        suspect = [s for s in saved if good is None or s > good]
+        moved = self.ckpt.set_aside(suspect) if suspect else []
+        kept = (f"the last checkpoint with a finite loss is step {good} in "
+                f"{self.ckpt.directory}" if good is not None
+                else "no checkpoint with a finite loss was saved before it")
+        aside = (f" (checkpoints of steps {suspect} moved to {ckpt_lib.DIVERGED_DIR}/)"
+                 if moved else "")
+        msg = (f"[{self.name}] diverged: {what}. Stopping the stage; {kept}{aside}. Lower the "
+               f"learning rate, raise warmup or set optim.grad_clip, then rerun the same "
+               f"command to resume from it.")
         _write_json(self.stage_dir / RESULTS_FILE, StageResults(
             stage=self.name, status="diverged", final_step=self.step, last_good_step=good,
             message=msg).to_json())

@@ -4,7 +4,9 @@
 before any stage runs. Each failure is a `sptlib.errors.SptlibError` naming the config key, file
 or flag and what to do:
 
-  - the workdir is a folder (or can be created) and is writable;
+  - the workdir is a folder (or can be created) and is writable; every stage's folder (and its
+    `checkpoints/`) is a folder where it exists; a remote (`gs://`) workdir answers within
+    `REMOTE_TIMEOUT_S`;
   - the model's choices (mixer, pattern, positions, encoder, dtype) and sizes, every stage's
     optimizer numbers (non-negative) and schedule;
   - every stage: the objective's parameters (mask_rate in (0, 1), span_length >= 1), and
@@ -13,6 +15,7 @@ or flag and what to do:
     batch axis (`logical_axis_rules['batch']` of `config.mesh`) and over the processes;
   - a stage folder that already holds checkpoints or results was run with the same model, data
     and objective (its saved `config.json`), so its checkpoints belong to this config;
+  - `config.data.lra_dir` is not empty for the tasks that read it;
   - every data split is read: the files exist and parse (errors name file and line), it holds
     examples, and its first and last records (every record of a validation/test split of at
     most `FULL_PROBE` examples) decode.
@@ -21,6 +24,7 @@ or flag and what to do:
 import json
 import math
 import os
+import threading
 import uuid
 
 from absl import logging
@@ -38,6 +42,9 @@ from sptlib.train import sharding
 FULL_PROBE = 20000
 # Config fields a stage's checkpoints depend on: a change means they belong to another config.
 IDENTITY = ("model", "data.task", "data.input_type", "data.max_length")
+# Tasks whose files live under config.data.lra_dir (an empty value would mean the current folder).
+LRA_TASKS = ("listops", "retrieval", "pathfinder", "pathx", "pathx256")
+REMOTE_TIMEOUT_S = 60.0
 
 
 def check(config, workdir) -> dict:
@@ -46,6 +53,7 @@ def check(config, workdir) -> dict:
     Returns the data's counted skips for the run's summary: `{"examples": {split: n},
     "truncated": {split: n}, "empty_images": n}`."""
     check_workdir(workdir)
+    check_stage_dirs(config, workdir)
     check_model(config.model)
     for name in config.stage_order:
         check_objective(config, name)
@@ -59,7 +67,8 @@ def check(config, workdir) -> dict:
 def check_workdir(workdir) -> None:
     """The workdir is (or can be made) a folder this process can write to."""
     text = str(workdir)
-    if "://" in text:  # object stores: a probe write would cost a round trip; orbax reports
+    if "://" in text:  # object stores: one listing, bounded in time (no network: minutes)
+        _check_remote(text)
         return
     path = epath.Path(os.path.abspath(text))
     if path.exists() and not path.is_dir():
@@ -73,6 +82,41 @@ def check_workdir(workdir) -> None:
     except OSError as e:
         raise ConfigError(f"--workdir={text}: cannot write there ({type(e).__name__}: "
                           f"{e.strerror or e}); pick a writable folder") from None
+
+
+def _check_remote(text) -> None:
+    outcome = {}
+
+    def probe():
+        try:
+            outcome["exists"] = epath.Path(text).exists()
+        except Exception as e:  # pylint: disable=broad-except
+            outcome["error"] = e
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(REMOTE_TIMEOUT_S)
+    if t.is_alive():
+        raise ConfigError(f"--workdir={text}: no answer within {REMOTE_TIMEOUT_S:.0f} s (no "
+                          f"network, or no credentials?); check access or use a local folder")
+    if "error" in outcome:
+        e = outcome["error"]
+        raise ConfigError(f"--workdir={text}: cannot reach it ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:300]}); check the network and "
+                          f"credentials, or use a local folder") from None
+
+
+def check_stage_dirs(config, workdir) -> None:
+    """Every stage's folder and its `checkpoints/`, where they exist, are folders."""
+    text = str(workdir)
+    if "://" in text:
+        return
+    for name in config.stage_order:
+        for path in (os.path.join(text, name), os.path.join(text, name, "checkpoints")):
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise ConfigError(f"{os.path.abspath(path)}: is a file, but stage {name!r} "
+                                  f"needs a folder there; move it aside or use another "
+                                  f"--workdir")
 
 
 def _choice(key, value, allowed):
@@ -239,6 +283,10 @@ def _probe(task, split, where) -> int:
 def check_data(config) -> dict:
     """Every split of `config.data` is readable and non-empty (see the module docstring)."""
     _at_least("config.data.max_length", config.data.max_length, 0)
+    if config.data.task in LRA_TASKS and not str(config.data.get("lra_dir") or "").strip():
+        raise ConfigError(f"config.data.lra_dir={config.data.get('lra_dir')!r} is empty: task "
+                          f"{config.data.task!r} reads its files from there; give the folder "
+                          f"(e.g. --config.data.lra_dir=lra_release)")
     where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
     try:
         task = data_lib.get_task(config.data)  # generates the data when configured to

@@ -175,8 +175,11 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
     if verify and load_items and record is not None:
         # What now sits in the model, against what was saved: damaged files, a wrong path, cast
         # or resharding cannot pass silently.
-        placed = {f"{coll}/{path}": digest_lib.array_digest(to_host(v))
-                  for coll in load_items for path, v in _flat(out[coll]).items()}
+        placed = {}
+        for coll, items in load_items.items():
+            flat_out = _flat(out[coll])
+            for path in items:
+                placed[f"{coll}/{path}"] = digest_lib.array_digest(to_host(flat_out[path]))
         try:
             digest_lib.check_arrays(record, placed, step_dir, subset=True)
         except CheckpointDigestError as e:
