@@ -15,7 +15,7 @@ from absl import app
 from absl import flags
 
 from sptlib import errors
-from sptlib import hostmem
+from sptlib.kernels import platform
 from sptlib import logs
 from ml_collections import config_flags
 
@@ -44,7 +44,7 @@ def main(argv):
 
 def run():
     """Console-script entry point (`spt-train`)."""
-    hostmem.reexec_with_malloc_tunables()  # reuse freed buffers: sptlib/hostmem.py
+    platform.prepare_process()  # CPU hosts: keep XLA:CPU's buffers (sptlib.kernels.platform)
     app.run(main, flags_parser=functools.partial(errors.parse_absl_flags, prog=PROG))
 
 

@@ -10,14 +10,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib.kernels import fused_attention as fa
-from sptlib.kernels import native
+from sptlib.kernels import platform
+from sptlib.kernels.platform.cpu import attention as fa
+from sptlib.kernels.platform.cpu import build as native
 from sptlib.layers.attention import MultiHeadAttention, dot_product_attention
 from tests.test_attention import _qkv, reference_attention
 
 # Skipped only where the machine has no C++ compiler at all: with one, a kernel that fails to build
 # fails these tests (the fallback test below runs everywhere).
 needs_kernel = pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
+
+
+def fused_attention(q, k, v, key_mask=None, **kw):
+    """``plain`` attention as the platform chooses it on CPU: the C++ kernel."""
+    return platform.attention(q, k, v, key_mask, algorithm="plain", **kw)
 
 
 def run_python(code, **env):
@@ -31,7 +37,7 @@ def run_python(code, **env):
 @needs_kernel
 def test_kernels_build_where_a_compiler_exists():
     """Otherwise every comparison below would compare the jnp fallback with itself."""
-    assert native.available(), native.unavailable_reason()
+    assert platform.cpu_kernels(), platform.cpu_kernels_unavailable_reason()
 
 
 def _case(length, heads, head_dim, seed=0):
@@ -47,7 +53,7 @@ def _case(length, heads, head_dim, seed=0):
 @needs_kernel
 def test_forward_matches_reference(length, heads, head_dim, causal, window):
     q, k, v, mask = _case(length, heads, head_dim)
-    out = jax.jit(lambda q, k, v, m: fa.fused_attention(q, k, v, m, causal=causal,
+    out = jax.jit(lambda q, k, v, m: fused_attention(q, k, v, m, causal=causal,
                                                         window=window))(q, k, v, mask)
     ref = reference_attention(q, k, v, mask, causal, window)
     real = mask[..., None, None]
@@ -65,7 +71,7 @@ def test_gradients_match_plain(length, head_dim, causal, window):
     w = w * mask[..., None, None]
     loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v, mask, causal=causal, window=window) * w)
     plain = jax.grad(loss(dot_product_attention), argnums=(0, 1, 2))(q, k, v)
-    fused = jax.jit(jax.grad(loss(fa.fused_attention), argnums=(0, 1, 2)))(q, k, v)
+    fused = jax.jit(jax.grad(loss(fused_attention), argnums=(0, 1, 2)))(q, k, v)
     for a, b in zip(plain, fused):
         assert np.abs(np.asarray(a)).max() > 1e-2  # not trivially zero
         np.testing.assert_allclose(a, b, atol=1e-5)
@@ -80,20 +86,20 @@ def test_fully_masked_rows_equal_plain():
     q, k, v, _ = _case(20, 2, 16)
     mask = jnp.asarray(np.arange(20)[None] >= np.array([[6], [0]]))  # row 0: queries 0..5 blind
     f = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v, mask, causal=True) ** 2)
-    np.testing.assert_allclose(fa.fused_attention(q, k, v, mask, causal=True),
+    np.testing.assert_allclose(fused_attention(q, k, v, mask, causal=True),
                                dot_product_attention(q, k, v, mask, causal=True), atol=2e-6)
     for a, b in zip(jax.grad(f(dot_product_attention), argnums=(0, 1, 2))(q, k, v),
-                    jax.grad(f(fa.fused_attention), argnums=(0, 1, 2))(q, k, v)):
+                    jax.grad(f(fused_attention), argnums=(0, 1, 2))(q, k, v)):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 @needs_kernel
 def test_no_mask_and_bfloat16_inputs():
     q, k, v, _ = _case(40, 2, 16)
-    np.testing.assert_allclose(fa.fused_attention(q, k, v), dot_product_attention(q, k, v),
+    np.testing.assert_allclose(fused_attention(q, k, v), dot_product_attention(q, k, v),
                                atol=2e-6)
     qb, kb, vb = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
-    out = fa.fused_attention(qb, kb, vb)
+    out = fused_attention(qb, kb, vb)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.float32(out), dot_product_attention(
         *(np.float32(a) for a in (qb, kb, vb))), atol=2e-2)
@@ -103,12 +109,13 @@ def test_no_mask_and_bfloat16_inputs():
 def test_module_fused_equals_plain_with_grads():
     x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 40, 32)).astype(np.float32))
     mask = jnp.asarray(np.arange(40)[None] < np.array([[40], [29]]))
-    mk = lambda impl: MultiHeadAttention(d_model=32, n_heads=2, positions="rotary", impl=impl)
-    variables = mk("plain").init(jax.random.PRNGKey(0), x)
-    loss = lambda impl: lambda v: jnp.sum(mk(impl).apply(v, x, mask=mask) ** 2)
-    np.testing.assert_allclose(mk("fused").apply(variables, x, mask=mask),
-                               mk("plain").apply(variables, x, mask=mask), atol=1e-5)
-    ga, gb = jax.grad(loss("plain"))(variables), jax.grad(loss("fused"))(variables)
+    mk = lambda kernel: MultiHeadAttention(d_model=32, n_heads=2, positions="rotary",
+                                           impl="plain", kernel=kernel)
+    variables = mk("reference").init(jax.random.PRNGKey(0), x)
+    loss = lambda kernel: lambda v: jnp.sum(mk(kernel).apply(v, x, mask=mask) ** 2)
+    np.testing.assert_allclose(mk("auto").apply(variables, x, mask=mask),
+                               mk("reference").apply(variables, x, mask=mask), atol=1e-5)
+    ga, gb = jax.grad(loss("reference"))(variables), jax.grad(loss("auto"))(variables)
     for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
@@ -117,7 +124,7 @@ def test_module_fused_equals_plain_with_grads():
 def test_other_platforms_lower_the_jnp_attention():
     """The same function lowered for TPU holds no custom call (`sptlib.aot` compiles it there)."""
     q, k, v, mask = _case(32, 2, 16)
-    f = lambda q, k, v, m: fa.fused_attention(q, k, v, m)
+    f = lambda q, k, v, m: fused_attention(q, k, v, m)
     cpu = jax.jit(f).trace(q, k, v, mask).lower(lowering_platforms=("cpu",)).as_text()
     tpu = jax.jit(f).trace(q, k, v, mask).lower(lowering_platforms=("tpu",)).as_text()
     assert fa._FWD in cpu and fa._FWD not in tpu
@@ -128,10 +135,10 @@ def test_compiles_into_a_fresh_cache_in_a_subprocess(tmp_path):
     """A new cache directory gets the library built once; a second process reuses it."""
     code = textwrap.dedent("""
         import jax.numpy as jnp
-        from sptlib.kernels import fused_attention as fa
-        assert fa.available(), fa.unavailable_reason()
+        from sptlib.kernels import platform
+        assert platform.cpu_kernels(), platform.cpu_kernels_unavailable_reason()
         q = jnp.ones((1, 8, 1, 16))
-        print(float(fa.fused_attention(q, q, q).sum()))
+        print(float(platform.attention(q, q, q).sum()))
     """)
     for _ in range(2):
         out = run_python(code, SPTLIB_KERNEL_CACHE=str(tmp_path))
@@ -144,10 +151,11 @@ def test_compiles_into_a_fresh_cache_in_a_subprocess(tmp_path):
 def test_no_compiler_falls_back_to_jnp(tmp_path):
     code = textwrap.dedent("""
         import jax.numpy as jnp
-        from sptlib.kernels import fused_attention as fa
-        assert not fa.available() and "compiler" in fa.unavailable_reason()
+        from sptlib.kernels import platform
+        assert not platform.cpu_kernels()
+        assert "compiler" in platform.cpu_kernels_unavailable_reason()
         q = jnp.ones((1, 8, 1, 16))
-        print(float(fa.fused_attention(q, q, q).sum()))
+        print(float(platform.attention(q, q, q).sum()))
     """)
     out = run_python(code, SPTLIB_KERNEL_CACHE=str(tmp_path), CXX="/nonexistent/c++",
                      PATH="/nonexistent")
@@ -163,8 +171,9 @@ def test_sharded_batch_and_heads_run_per_shard_on_a_4_device_mesh():
     code = textwrap.dedent("""
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-        from sptlib.kernels import fused_attention as fa
+        from sptlib.kernels import platform
         from sptlib.kernels.attention import dot_product_attention
+        fused_attention = lambda q, k, v, m, **kw: platform.attention(q, k, v, m, **kw)
         assert len(jax.devices()) == 4
         rng = np.random.default_rng(0)
         q, k, v, w = (jnp.asarray(rng.normal(size=(4, 40, 2, 16)).astype(np.float32))
@@ -176,7 +185,7 @@ def test_sharded_batch_and_heads_run_per_shard_on_a_4_device_mesh():
         for spec in (P("x"), P("x", None, "y"), P(None, None, "y")):
             args = [jax.device_put(a, NamedSharding(mesh, spec)) for a in (q, k, v)]
             args.append(jax.device_put(mask, NamedSharding(mesh, P(spec[0]))))
-            f = jax.jit(jax.grad(loss(fa.fused_attention), argnums=(0, 1, 2)))
+            f = jax.jit(jax.grad(loss(fused_attention), argnums=(0, 1, 2)))
             assert "all-gather" not in f.lower(*args).compile().as_text(), spec
             for a, b in zip(f(*args), ref):
                 assert a.sharding.spec == spec, (spec, a.sharding.spec)
@@ -185,3 +194,10 @@ def test_sharded_batch_and_heads_run_per_shard_on_a_4_device_mesh():
     """)
     out = run_python(code, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_retired_backend_impl_names_its_replacement():
+    """Configs that named the CPU backend (`impl="fused"`) get the algorithm to use instead."""
+    x = jnp.ones((1, 8, 16))
+    with pytest.raises(ValueError, match="impl='plain'"):
+        MultiHeadAttention(d_model=16, n_heads=2, impl="fused").init(jax.random.PRNGKey(0), x)

@@ -1,4 +1,4 @@
-"""sptlib.hostmem: the command-line programs re-execute themselves once, with the same command line,
+"""sptlib.kernels.platform.cpu.hostmem: the command-line programs re-execute themselves once, with the same command line,
 with glibc's malloc told to keep freed memory (SPTLIB_MALLOC=retain; the default `auto` where JAX
 runs on the CPU) and, asked to, to use huge pages (SPTLIB_HUGEPAGES=1); the user's own tunables
 win; and the retained memory is real: a second large allocation takes no page faults."""
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sptlib import hostmem
+from sptlib.kernels.platform.cpu import hostmem
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPLIES = bool(hostmem.wanted_tunables({"SPTLIB_MALLOC": "retain"}))
@@ -61,8 +61,9 @@ def test_auto_retains_only_where_jax_runs_on_the_cpu(monkeypatch, platforms, acc
 def test_unknown_mode_names_the_variable():
     with pytest.raises(ValueError, match="SPTLIB_MALLOC='keep'.*auto, retain, system"):
         hostmem.wanted_tunables({"SPTLIB_MALLOC": "keep"})
-    out = subprocess.run([sys.executable, "-c", "from sptlib import hostmem; "
-                          "hostmem.reexec_with_malloc_tunables()"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", "from sptlib.kernels.platform.cpu import "
+                          "hostmem; hostmem.reexec_with_malloc_tunables()"],
+                         capture_output=True, text=True,
                          timeout=60, cwd=REPO, env=_clean_env(SPTLIB_MALLOC="keep"))
     assert out.returncode == 2 and "SPTLIB_MALLOC='keep'" in out.stderr, out.stderr
 
@@ -73,7 +74,8 @@ def test_reexecutes_once_with_the_same_command_line(mode):
     # tunables; the re-executed probe prints again (now with them) and asks again, a no-op.
     probe = ("import os, sys; print('TUNABLES=' + os.environ.get('GLIBC_TUNABLES', ''), "
              "'ARGV=' + ' '.join(sys.argv[1:]), flush=True); "
-             "from sptlib import hostmem; hostmem.reexec_with_malloc_tunables(); print('DONE')")
+             "from sptlib.kernels.platform.cpu import hostmem; "
+             "hostmem.reexec_with_malloc_tunables(); print('DONE')")
     out = subprocess.run([sys.executable, "-c", probe, "x", "--y=1"], capture_output=True,
                          text=True, timeout=60, cwd=REPO, env=_clean_env(SPTLIB_MALLOC=mode))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -87,7 +89,7 @@ def test_reexecutes_once_with_the_same_command_line(mode):
 # prints the minor page faults the second round took (the kernel's count, getrusage).
 _FAULTS = """
 import ctypes, resource, threading
-from sptlib import hostmem
+from sptlib.kernels.platform.cpu import hostmem
 hostmem.reexec_with_malloc_tunables()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib.kernels import linear, native
+from sptlib.kernels import linear
+from sptlib.kernels.platform.cpu import build as native
 from tests.test_fused_attention import run_python
 
 # Skipped only where the machine has no C++ compiler (then the jnp products run everywhere).
@@ -27,7 +28,7 @@ def _arrays(*shapes, seed=0):
                                       ((5, 7, 3), 2, 8), ((4, 64), 130, 24)])
 def test_matmul_gradients_match_float64(lead, k, n):
     x, w, g = _arrays((*lead, k), (k, n), (*lead, n))
-    assert linear._native_ok(x, k, n)
+    assert linear._cpu_kernel_ok(x, k, n)
     y, vjp = jax.vjp(jax.jit(linear.matmul), x, w)
     dx, dw = jax.jit(vjp)(g)
     x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
@@ -63,9 +64,9 @@ def test_dense_with_linear_dot_general_keeps_parameters_and_gradients():
 
 def test_other_shapes_and_dtypes_use_the_jnp_product():
     x, w = _arrays((3, 64), (64, 12))
-    assert not linear._native_ok(x, 64, 12)  # n not a multiple of 8
-    assert not linear._native_ok(x.astype(jnp.bfloat16), 64, 16)
-    assert not linear._native_ok(x, 1024, 1024)  # large weights: XLA's dot splits well
+    assert not linear._cpu_kernel_ok(x, 64, 12)  # n not a multiple of 8
+    assert not linear._cpu_kernel_ok(x.astype(jnp.bfloat16), 64, 16)
+    assert not linear._cpu_kernel_ok(x, 1024, 1024)  # large weights: XLA's dot splits well
     f = jax.jit(jax.grad(lambda x, w: jnp.sum(linear.matmul(x, w) ** 2), argnums=1))
     assert "sptlib_weight_grad" not in f.lower(x, w).as_text()
     y = linear.dot_general(x, w, (((1,), (0,)), ((), ())), precision=jax.lax.Precision.HIGHEST)

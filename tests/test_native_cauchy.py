@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sptlib import kernels
-from sptlib.kernels import native
+from sptlib.kernels.platform.cpu import build as native
 from sptlib.kernels import s4 as s4k
 from tests.test_fused_attention import run_python
 

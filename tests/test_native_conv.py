@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib.kernels import conv, native
+from sptlib.kernels import conv
+from sptlib.kernels.platform.cpu import build as native
 from tests.test_fused_attention import run_python
 
 # Skipped only where the machine has no C++ compiler (then sptlib runs the jnp convolution; see

@@ -101,10 +101,6 @@ def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_l
         # Unroll the layer loop (same parameters and random streams): on XLA:CPU the rolled
         # loop zero-fills its stacked residuals every step; ~1.1x on the 2-layer Transformer.
         c.model.scan_unroll = n_layers
-        # The fused CPU attention kernel: plain attention's function without writing the score
-        # matrix (2.6x the forward at L = 256, d = 16; the jnp attention off CPU).
-        if c.model.attention.impl == "plain":
-            c.model.attention.impl = "fused"
         for sub in ("s4", "s4d", "dss", "s5"):
             c.model[sub].d_state = d_state
         for name in ("pretrain", "finetune", "scratch"):

@@ -6,11 +6,10 @@ do the FFT along the length axis, so no transposes are needed around them.
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sptlib.kernels import native
+from sptlib.kernels import platform
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,57 +33,13 @@ def _real_dtype(dtype):
     return jnp.float64 if dtype == jnp.float64 else jnp.float32
 
 
-# ---------------------------------------------------------------------------------------------
-# The native XLA:CPU path: a multi-threaded FFT convolution (sptlib/kernels/cpu/fft_conv.cc)
-# ---------------------------------------------------------------------------------------------
-
-_CONV_FWD, _CONV_BWD = "sptlib_fft_conv_fwd", "sptlib_fft_conv_bwd"
-
-
-def _conv_kernel_fwd(u, kc):
-    return (jax.ffi.ffi_call(_CONV_FWD, jax.ShapeDtypeStruct(u.shape, jnp.float32),
-                             vmap_method="sequential")(u, kc),)
-
-
-def _conv_kernel_bwd(u, kc, dy):
-    return jax.ffi.ffi_call(
-        _CONV_BWD, (jax.ShapeDtypeStruct(u.shape, jnp.float32),
-                    jax.ShapeDtypeStruct(kc.shape, jnp.float32)),
-        vmap_method="sequential")(u, kc, dy)
-
-
-# Batch and channels may be sharded; length and FFT size are gathered. The kernel gradient is a
-# sum over the batch, so batch shards' partial sums are added.
-_BLH, _HN = ("b", "l", "h"), ("h", "n")
-_conv_fwd_op = native.partitioned(_conv_kernel_fwd, (_BLH, _HN), (_BLH,), replicated=("l", "n"),
-                                  n_static=0)
-_conv_bwd_op = native.partitioned(_conv_kernel_bwd, (_BLH, _HN, _BLH), (_BLH, _HN),
-                                  replicated=("l", "n"), n_static=0, summed={1: "b"})
-
-
-@jax.custom_vjp
-def _native_circular_conv(u, kc):
-    return _conv_fwd_op(u, kc)[0]
-
-
-def _native_fwd(u, kc):
-    return _conv_fwd_op(u, kc)[0], (u, kc)
-
-
-def _native_bwd(res, dy):
-    u, kc = res
-    return tuple(_conv_bwd_op(u, kc, dy.astype(jnp.float32)))
-
-
-_native_circular_conv.defvjp(_native_fwd, _native_bwd)
-
-
 def _pow2(n):
     return 1 << max(0, int(n - 1).bit_length())
 
 
-def _native_ok(u):
-    return _real_dtype(u.dtype) == jnp.float32 and native.available()
+def _cpu_kernel_ok(u):
+    """Whether the CPU kernel is lowered for CPU (float32; `sptlib.kernels.platform`)."""
+    return _real_dtype(u.dtype) == jnp.float32 and platform.cpu_kernels()
 
 
 def circular_conv(u, kc, d=None):
@@ -96,8 +51,8 @@ def circular_conv(u, kc, d=None):
         two-sided one with lag -j at index n - j), so nothing wraps around.
       d: optional `[channels]` skip weights.
     Returns:
-      `[batch, length, channels]` in u's dtype. On XLA:CPU with the native kernels (float32 and n
-      a power of two) the FFTs run multi-threaded in C++; elsewhere `jnp.fft`.
+      `[batch, length, channels]` in u's dtype. On XLA:CPU with the platform's CPU kernels
+      (float32 and n a power of two) the FFTs run multi-threaded in C++; elsewhere `jnp.fft`.
     """
     n = kc.shape[-1]
     ct = _real_dtype(u.dtype)
@@ -106,10 +61,8 @@ def circular_conv(u, kc, d=None):
         k_f = jnp.fft.rfft(kc.astype(ct), axis=-1).T
         return _conv_with_spectrum(u.astype(ct), k_f, n, None)
 
-    if _native_ok(u) and n == _pow2(n):
-        def cpu(u, kc):  # ct is float32 here, as jnp_conv's result
-            return _native_circular_conv(u.astype(jnp.float32), kc.astype(jnp.float32))
-        y = jax.lax.platform_dependent(u, kc, cpu=cpu, default=jnp_conv)
+    if _cpu_kernel_ok(u) and n == _pow2(n):
+        y = platform.on_platforms(jnp_conv, u, kc, cpu=platform.cpu_circular_conv)
     else:
         y = jnp_conv(u, kc)
     if d is not None:
@@ -143,7 +96,7 @@ def fft_conv(u, k, d=None):
     The FFT size is the smallest fast composite >= 2 * length, so nothing wraps around.
     """
     length = u.shape[1]
-    if _native_ok(u):
+    if _cpu_kernel_ok(u):
         n = _pow2(2 * length)
         kc = jnp.pad(k[:, :length].astype(jnp.float32), ((0, 0), (0, n - length)))
         return circular_conv(u, kc, d)
@@ -177,7 +130,7 @@ def fft_conv_bidirectional(u, k_fwd, k_bwd, d=None):
     current position is counted once (as in state-spaces/s4). Shapes as in `fft_conv`.
     """
     length = u.shape[1]
-    if _native_ok(u):
+    if _cpu_kernel_ok(u):
         return circular_conv(u, bidirectional_kernel(k_fwd, k_bwd, length, _pow2(2 * length)), d)
     n = fft_size(2 * length)
     return _conv_with_spectrum(u, bidirectional_kernel_spectrum(k_fwd, k_bwd, length, n), n, d)

@@ -1,22 +1,19 @@
 """Multi-head self-attention: plain, exact memory-efficient (chunked), and local (banded).
 
-All three implementations compute the same function — softmax attention restricted by a key-padding
+All three algorithms compute the same function — softmax attention restricted by a key-padding
 mask, an optional causal mask and an optional band `|q - k| <= window` (`0 <= q - k <= window` when
-causal) — and differ only in memory:
+causal) — and differ in the memory of their jnp reference:
 
-- ``plain``: one `[batch, heads, length, length]` score matrix; fastest for short sequences (on CPU a
-  hand einsum softmax ran ~1.45× faster than `jax.nn.dot_product_attention` at L=2048, with
-  identical outputs).
+- ``plain``: one `[batch, heads, length, length]` score matrix; fastest for short sequences.
 - ``chunked``: exact online softmax over query and key chunks (Rabe & Staats 2021) with the
-  FlashAttention-2 backward (a `jax.custom_vjp` that saves only the output and per-row softmax
-  statistics and recomputes probabilities block by block), so forward *and* backward memory grow
-  linearly with length.
+  FlashAttention-2 backward, so forward *and* backward memory grow linearly with length.
 - ``local``: the chunked kernel visiting only the key chunks that intersect the band, so time and
   memory are O(length · window) — for PathX (16,384) and PathX-256 (65,536).
-- ``fused``: ``plain``'s function as one C++ kernel per direction on XLA:CPU
-  (`sptlib.kernels.fused_attention`: scores stay in cache, FlashAttention-2 backward); the jnp
-  ``plain`` attention on other backends or where the kernel cannot be compiled. The CPU-sized
-  local configs use it.
+
+The kernel behind the algorithm is chosen by the platform the step runs on
+(`sptlib.kernels.platform`): a fused CPU kernel for ``plain`` on CPU, cuDNN flash attention
+(half precision) or banded blocks on GPU, Pallas splash attention on TPU, else the jnp
+reference. `kernel="reference"` forces the reference (benchmarks, tests).
 
 Positions: ``rotary`` (applied to queries and keys, so scores depend on relative position only) or
 ``none`` (absolute positions, if any, are added by the encoder: `config.model.positions`).
@@ -29,13 +26,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from sptlib.kernels import linear, platform
 from sptlib.kernels.attention import (MASK_VALUE, allowed_pairs, chunked_attention,
                                       dot_product_attention, rotary_embedding)
-from sptlib.kernels import linear
-from sptlib.kernels.fused_attention import fused_attention
 from sptlib.layers import initializers
 
-IMPLS = ("plain", "chunked", "local", "fused")
+IMPLS = platform.ALGORITHMS
+# Backend names earlier configs used as `impl`, and the algorithm that replaces each.
+RETIRED_IMPLS = {"fused": "plain"}
+# Logical axes of q, k, v `[batch, length, heads, head_dim]` (for kernels that run per shard).
+QKV_AXES = ("batch", "length", "heads", "kv")
 POSITIONS = ("none", "rotary")
 
 __all__ = ["MultiHeadAttention", "chunked_attention", "dot_product_attention",
@@ -64,7 +64,8 @@ class MultiHeadAttention(nn.Module):
       head_dim: features per head; 0 = d_model // n_heads (set it to keep head width fixed when the
         head count changes, e.g. wide attention, or GSS-Hybrid's 8 heads of 128).
       positions: ``none`` | ``rotary``.
-      impl: ``plain`` | ``chunked`` | ``local`` | ``fused`` (see the module docstring).
+      impl: the algorithm, ``plain`` | ``chunked`` | ``local`` (see the module docstring).
+      kernel: ``auto`` (the platform's fused kernel where one applies) | ``reference`` (jnp).
       window: band half-width; 0 = unlimited (required > 0 for ``local``).
       chunk_size: chunk length of the chunked/local kernels.
       rotary_base: wavelength base of rotary positions.
@@ -78,6 +79,7 @@ class MultiHeadAttention(nn.Module):
     head_dim: int = 0
     positions: str = "none"
     impl: str = "plain"
+    kernel: str = "auto"
     window: int = 0
     chunk_size: int = 512
     rotary_base: float = 10000.0
@@ -85,8 +87,15 @@ class MultiHeadAttention(nn.Module):
     init_scheme: str = "linen"
 
     def setup(self):
+        if self.impl in RETIRED_IMPLS:
+            raise ValueError(
+                f"attention impl {self.impl!r} named a backend and is gone: set "
+                f"model.attention.impl={RETIRED_IMPLS[self.impl]!r} (the algorithm); the platform's "
+                "fused kernel is chosen automatically (sptlib.kernels.platform)")
         if self.impl not in IMPLS:
             raise ValueError(f"attention impl {self.impl!r} not in {IMPLS}")
+        if self.kernel not in platform.KERNELS:
+            raise ValueError(f"attention kernel {self.kernel!r} not in {platform.KERNELS}")
         if self.positions not in POSITIONS:
             raise ValueError(f"attention positions {self.positions!r} not in {POSITIONS} "
                              "(absolute positions belong to the encoder: config.model.positions)")
@@ -142,13 +151,9 @@ class MultiHeadAttention(nn.Module):
             pos = jnp.arange(x.shape[1])[:, None]  # broadcasts over heads
             q = rotary_embedding(q, pos, self.rotary_base)
             k = rotary_embedding(k, pos, self.rotary_base)
-        if self.impl == "plain":
-            o = dot_product_attention(q, k, v, mask, causal=self.causal, window=self.window)
-        elif self.impl == "fused":
-            o = fused_attention(q, k, v, mask, causal=self.causal, window=self.window)
-        else:
-            o = chunked_attention(q, k, v, mask, causal=self.causal, window=self.window,
-                                  chunk_size=self.chunk_size)
+        o = platform.attention(q, k, v, mask, causal=self.causal, window=self.window,
+                               algorithm=self.impl, chunk_size=self.chunk_size,
+                               kernel=self.kernel, spec=nn.logical_to_mesh_axes(QKV_AXES))
         y = self._output(o, deterministic)
         if mask is not None:
             y = jnp.where(mask[..., None], y, 0)

@@ -66,9 +66,12 @@ def model_config():
     c.head_hidden = 0
     c.head_activation = "gelu"
     # Mixer-specific options, passed to the mixer constructor.
+    # Attention: impl is the algorithm (plain | chunked | local; sptlib.layers.attention);
+    # the platform's fused kernel behind it is chosen automatically, kernel="reference" forces
+    # the jnp one (benchmarks only). head_dim 0 = d_model // n_heads.
     c.attention = ml_collections.ConfigDict(
-        dict(n_heads=4, positions="none", impl="plain", window=0, chunk_size=512,
-             head_dim=0))  # head_dim 0 = d_model // n_heads
+        dict(n_heads=4, positions="none", impl="plain", kernel="auto", window=0, chunk_size=512,
+             head_dim=0))
     c.s4 = ml_collections.ConfigDict(dict(d_state=64))
     c.s4d = ml_collections.ConfigDict(dict(d_state=64, init_kind="lin", discretization="zoh"))
     c.dss = ml_collections.ConfigDict(dict(d_state=64, version="exp", init_kind="legs"))

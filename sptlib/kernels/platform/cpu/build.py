@@ -1,17 +1,18 @@
-"""The C++ XLA:CPU kernels (`sptlib/kernels/cpu/*.cc`): compiled on first use, registered once.
+"""Build and registration of the C++ XLA:CPU kernels (`*.cc` beside this file).
 
-Four kernels live there, each behind a jnp function with the same semantics:
-`sptlib.kernels.fused_attention` (softmax attention without the score matrix in memory),
-`sptlib.kernels.conv.circular_conv` (the SSMs' long convolution on a multi-threaded FFT),
-`sptlib.kernels.s4` (S4's Cauchy sums and Woodbury step, no `[H, N/2, L/2+1]` array in
-memory) and
-`sptlib.kernels.linear` (small dense layers' weight gradient xᵀ g).
+Four kernels live there, each the CPU implementation of a jnp function with the same semantics
+(`sptlib.kernels.platform` chooses between them): softmax attention without the score matrix
+in memory (`attention.py`), the SSMs' long convolution on a multi-threaded FFT (`conv.py`),
+S4's Cauchy sums and Woodbury step (`s4.py`) and small dense layers' weight gradient xᵀ g
+(`linear.py`).
 
 The sources are compiled together into one shared library with the host's C++ compiler (`$CXX`,
 else `g++`/`c++`/`clang++`, `-O3 -march=native`) into a cache directory (`$SPTLIB_KERNEL_CACHE`,
-else `~/.cache/sptlib/kernels`) keyed by the sources, the jaxlib version, the compiler and the
-flags, and registered as XLA FFI targets for the CPU platform. Where no compiler works, the
-jnp functions run instead (a warning says why, once). `SPTLIB_NATIVE=0` turns the kernels off.
+else `~/.cache/sptlib/kernels`) keyed by the sources, the jaxlib version, the compiler's path and
+version, the flags and the CPU's model and instruction-set flags (`-march=native` code is only
+valid on CPUs with those instructions, and a cache may be shared by a mixed cluster), and
+registered as XLA FFI targets for the CPU platform. Where no compiler works, the jnp functions run
+instead (a warning says why, once). `SPTLIB_NATIVE=0` turns the kernels off.
 """
 
 import ctypes
@@ -26,7 +27,7 @@ import threading
 
 import jax
 
-_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu")
+_DIR = os.path.dirname(os.path.abspath(__file__))
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 # FFI target name -> exported handler symbol.
 TARGETS = {
@@ -54,6 +55,32 @@ def _cache_dir():
         os.path.expanduser("~"), ".cache", "sptlib", "kernels")
 
 
+def _cpu_signature():
+    """The CPU's model name and instruction-set flags (`/proc/cpuinfo`), or '' where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    keys = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    seen = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in keys and key not in seen:
+            seen[key] = " ".join(sorted(value.split())) if key in ("flags", "Features") \
+                else value.strip()
+    return repr(sorted(seen.items()))
+
+
+def _compiler_version(cxx):
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.splitlines()[0] if out.stdout else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def build():
     """Path of the compiled library (compiling it if needed); raises RuntimeError."""
     cxx = _compiler()
@@ -66,7 +93,8 @@ def build():
         with open(path, "rb") as f:
             digest.update(f.read())
     import jaxlib
-    digest.update(repr((jaxlib.__version__, cxx, _FLAGS)).encode())
+    digest.update(repr((jaxlib.__version__, cxx, _compiler_version(cxx), _FLAGS,
+                        _cpu_signature())).encode())
     out_dir = _cache_dir()
     lib = os.path.join(out_dir, f"sptlib_kernels-{digest.hexdigest()[:16]}.so")
     if os.path.exists(lib):

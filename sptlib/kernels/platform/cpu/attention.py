@@ -1,18 +1,17 @@
 """Fused softmax attention for XLA:CPU: a C++ XLA FFI kernel, forward and FlashAttention-2 backward.
 
-`fused_attention(q, k, v, key_mask, causal=, window=)` computes exactly the function of
+`attention(q, k, v, key_mask, causal=, window=)` computes exactly the function of
 `sptlib.kernels.attention.dot_product_attention` (`q, k, v: [batch, length, heads, head_dim]`, q
 pre-scaled; `key_mask: [batch, length]`, True = real) without writing the
 `[batch, heads, length, length]` score matrix: each (batch, head) pair is one task on XLA's
 intra-op thread pool that keeps a block of score rows in cache. On the 2-core test machine
 XLA:CPU runs the score and value products of small heads (d = 16, L = 256) at ~18 GFLOP/s because
-the score matrix round-trips through memory; this kernel is why the CPU-sized Transformer configs
-use `model.attention.impl = "fused"`.
+the score matrix round-trips through memory; this kernel is what the ``plain`` algorithm runs on
+CPU (`sptlib.kernels.platform`).
 
-The kernel is C++ (`sptlib/kernels/cpu/fused_attention.cc`), compiled on first use
-(`sptlib.kernels.native`). Where it is unavailable, or on any backend but CPU, the jnp
-`dot_product_attention` runs instead (the same function). Computation is float32; other input
-dtypes are cast to float32 and the output back to v's dtype.
+The kernel is C++ (`fused_attention.cc`), compiled on first use (`build.py`); it is only ever
+lowered for the CPU platform (the caller's `jax.lax.platform_dependent`). Computation is float32;
+other input dtypes are cast to float32 and the output back to v's dtype.
 """
 
 import functools
@@ -21,12 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sptlib.kernels import attention as jnp_attention
-from sptlib.kernels import native
+from sptlib.kernels.platform.cpu import build
 
 _FWD, _BWD = "sptlib_fused_attention_fwd", "sptlib_fused_attention_bwd"
-available = native.available
-unavailable_reason = native.unavailable_reason
 
 
 def _attrs(causal, window):
@@ -52,9 +48,9 @@ def _kernel_bwd(q, k, v, mask, o, m, l, d_out, causal, window):
 # is independent), length and head_dim are gathered.
 _QKV = ("b", "l", "h", "d")
 _STATS = ("b", "h", "l")
-_fwd_op = native.partitioned(_kernel_fwd, (_QKV, _QKV, _QKV, ("b", "l")), (_QKV, _STATS, _STATS),
+_fwd_op = build.partitioned(_kernel_fwd, (_QKV, _QKV, _QKV, ("b", "l")), (_QKV, _STATS, _STATS),
                              replicated=("l", "d"), n_static=2)
-_bwd_op = native.partitioned(
+_bwd_op = build.partitioned(
     _kernel_bwd, (_QKV, _QKV, _QKV, ("b", "l"), _QKV, _STATS, _STATS, _QKV), (_QKV, _QKV, _QKV),
     replicated=("l", "d"), n_static=2)
 
@@ -77,27 +73,9 @@ def _fused_bwd(causal, window, res, d_out):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def fused_attention(q, k, v, key_mask=None, *, causal=False, window=0):
-    """Softmax attention, fused on CPU; same arguments and result as `dot_product_attention`.
-
-    Args:
-      q, k, v: `[batch, length, heads, head_dim]` (q pre-scaled by 1/sqrt(head_dim)).
-      key_mask: bool `[batch, length]`, True at real keys; padding keys get weight exactly 0.
-      causal: query i sees keys j <= i only.
-      window: if > 0, query i sees keys with |i - j| <= window (0 <= i - j <= window if causal).
-    Returns:
-      `[batch, length, heads, head_dim]` in v's dtype.
+def attention(q, k, v, key_mask, *, causal=False, window=0):
+    """Softmax attention by the C++ kernel; same arguments and result as `dot_product_attention`
+    (`key_mask` bool `[batch, length]`, required). CPU only: the caller chooses it per platform.
     """
-    plain = functools.partial(jnp_attention.dot_product_attention, causal=causal, window=window)
-    if not available():
-        return plain(q, k, v, key_mask)
-    if key_mask is None:
-        key_mask = jnp.ones(q.shape[:2], bool)
-
-    def cpu(q, k, v, key_mask):
-        f32 = [a.astype(jnp.float32) for a in (q, k, v)]
-        return _fused(*f32, key_mask.astype(bool), bool(causal), int(window)).astype(v.dtype)
-
-    # Chosen when lowering, so the same program compiles for TPU/GPU (e.g. `sptlib.aot`) with
-    # the jnp attention there.
-    return jax.lax.platform_dependent(q, k, v, key_mask, cpu=cpu, default=plain)
+    f32 = [a.astype(jnp.float32) for a in (q, k, v)]
+    return _fused(*f32, key_mask.astype(bool), bool(causal), int(window)).astype(v.dtype)

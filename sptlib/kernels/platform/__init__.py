@@ -1,0 +1,150 @@
+"""Platform kernels: the one place where the kernel behind an algorithm is chosen by platform.
+
+Layers, models and configs name *algorithms* (attention ``plain`` / ``chunked`` / ``local``, an
+FFT convolution, S4's generating function, a dense layer). The jnp functions in
+`sptlib.kernels` are their reference implementations and run everywhere; this package adds, per
+platform, the fused kernels that compute the same functions faster:
+
+    platform  attention (plain, chunked, local)          convolution / S4 / dense weight grad
+    cpu       cpu/attention.py (C++, plain only)          cpu/conv.py, cpu/s4.py, cpu/linear.py
+    gpu       gpu.py: cuDNN flash attention (bf16/fp16),  jnp (XLA)
+              banded blocks for bidirectional windows
+    tpu       tpu.py: Pallas splash attention             jnp (XLA)
+
+The platform is the one the step is traced for: the devices of the mesh in context
+(`jax.set_mesh`, as every sptlib step is traced), else JAX's default backend. So
+`sptlib.aot` on a CPU host traces TPU kernels for a TPU slice, and nothing CPU-specific is
+probed on a TPU or GPU host. The chosen kernel is wrapped in `jax.lax.platform_dependent` with
+the jnp reference as the default branch, so a program lowered for another platform still gets
+the reference. `SPTLIB_NATIVE=0` turns the CPU kernels off (the reference then runs on CPU:
+what CI tests as the accelerator path); `attention(..., kernel="reference")` forces the jnp
+attention anywhere (benchmarks, tests).
+
+`prepare_process()` is what the command-line programs call first: on CPU hosts it re-executes
+the process with glibc malloc settings that keep XLA:CPU's buffers (`cpu/hostmem.py`).
+"""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+
+from sptlib.kernels import attention as reference
+
+ALGORITHMS = ("plain", "chunked", "local")
+KERNELS = ("auto", "reference")
+
+
+def target_platform():
+    """`cpu` | `gpu` | `tpu` (or another JAX platform name) the current trace is for."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.abstract_device is not None:
+        return mesh.abstract_device.platform
+    return jax.default_backend()
+
+
+def cpu_kernels():
+    """Whether the C++ XLA:CPU kernels are used in this trace: it is for the CPU, they are not
+    turned off (`SPTLIB_NATIVE=0`) and they compiled (`cpu/build.py`)."""
+    if os.environ.get("SPTLIB_NATIVE", "1") == "0" or target_platform() != "cpu":
+        return False
+    from sptlib.kernels.platform.cpu import build  # deferred: never loaded off CPU
+    return build.available()
+
+
+def cpu_kernels_unavailable_reason():
+    """Why the CPU kernels are off ('' when they are used on this CPU)."""
+    if os.environ.get("SPTLIB_NATIVE", "1") == "0":
+        return "turned off by SPTLIB_NATIVE=0"
+    from sptlib.kernels.platform.cpu import build  # deferred: never loaded off CPU
+    return build.unavailable_reason()
+
+
+def on_platforms(default, *args, cpu=None, cuda=None, rocm=None, tpu=None):
+    """`default(*args)`, or the given platform's kernel where the program is lowered for it."""
+    branches = {k: f for k, f in dict(cpu=cpu, cuda=cuda, rocm=rocm, tpu=tpu).items() if f}
+    if not branches:
+        return default(*args)
+    return jax.lax.platform_dependent(*args, default=default, **branches)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU kernels (each imported on first use only)
+# ---------------------------------------------------------------------------------------------
+
+def cpu_circular_conv(u, kc):
+    from sptlib.kernels.platform.cpu import conv  # deferred: never loaded off CPU
+    return conv.circular_conv(u, kc)
+
+
+def cpu_s4_spectrum(v, lam, dt, z):
+    from sptlib.kernels.platform.cpu import s4  # deferred: never loaded off CPU
+    return s4.spectrum(v, lam, dt, z)
+
+
+def cpu_weight_grad(x, g):
+    from sptlib.kernels.platform.cpu import linear  # deferred: never loaded off CPU
+    return linear.weight_grad(x, g)
+
+
+def prepare_process():
+    """First call of a command-line program: on CPU hosts, re-executes it with malloc tunables
+    that keep freed buffers (`cpu/hostmem.py`); returns where there is nothing to do."""
+    from sptlib.kernels.platform.cpu import hostmem  # deferred: a JAX-free OS-level switch
+    hostmem.reexec_with_malloc_tunables()
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+
+def attention(q, k, v, key_mask=None, *, causal=False, window=0, algorithm="plain",
+              chunk_size=512, kernel="auto", spec=None):
+    """Softmax attention by `algorithm`, computed by the kernel of the platform it runs on.
+
+    Args:
+      q, k, v: `[batch, length, heads, head_dim]` (q pre-scaled by 1/sqrt(head_dim)).
+      key_mask: bool `[batch, length]`, True at real keys; padding keys get weight exactly 0.
+      causal: query i sees keys j <= i only.
+      window: if > 0, query i sees keys with |i - j| <= window (0 <= i - j <= window if causal).
+      algorithm: ``plain`` (one score matrix), ``chunked`` (exact online softmax, memory linear
+        in length) or ``local`` (chunked, visiting only the band; needs window > 0). Every
+        fused kernel computes the same function; on accelerators they are all flash-style, so
+        the algorithm is the reference's memory behaviour and the kernel's mask.
+      chunk_size: chunk length of the jnp chunked/local reference.
+      kernel: ``auto`` (the platform's kernel where one applies) | ``reference`` (jnp).
+      spec: `PartitionSpec` of q/k/v under the mesh in context (the layer's logical axes), for
+        kernels that run per shard (TPU); None: batch over the mesh.
+    Returns:
+      `[batch, length, heads, head_dim]` in v's dtype.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"attention algorithm {algorithm!r} not in {ALGORITHMS}")
+    if kernel not in KERNELS:
+        raise ValueError(f"attention kernel {kernel!r} not in {KERNELS}")
+    if algorithm == "plain":
+        ref = functools.partial(reference.dot_product_attention, causal=causal, window=window)
+    else:
+        ref = functools.partial(reference.chunked_attention, causal=causal, window=window,
+                                chunk_size=chunk_size)
+    mask = jnp.ones(q.shape[:2], bool) if key_mask is None else key_mask.astype(bool)
+    if kernel == "reference":
+        return ref(q, k, v, mask)
+    where = target_platform()
+    branches = {}
+    if where == "cpu" and algorithm == "plain" and cpu_kernels():
+        from sptlib.kernels.platform.cpu import attention as cpu_attention  # deferred: CPU only
+        branches["cpu"] = functools.partial(cpu_attention.attention, causal=causal,
+                                            window=window)
+    elif where == "gpu":
+        from sptlib.kernels.platform import gpu  # deferred: GPU only
+        fused = gpu.kernel_for(q, causal=causal, window=window)
+        if fused is not None:
+            branches["cuda"] = fused
+    elif where == "tpu":
+        from sptlib.kernels.platform import tpu  # deferred: TPU only (imports Pallas)
+        fused = tpu.kernel_for(q, causal=causal, window=window, spec=spec)
+        if fused is not None:
+            branches["tpu"] = fused
+    return on_platforms(ref, q, k, v, mask, **branches)

@@ -1,0 +1,150 @@
+"""Attention on TPUs: Pallas splash attention (block-sparse flash attention, forward and backward).
+
+`kernel_for(q, causal=, window=)` returns the function `(q, k, v, key_mask) -> out` (the contract
+of `sptlib.kernels.attention.dot_product_attention`: `[batch, length, heads, head_dim]`, q
+pre-scaled, key_mask bool `[batch, length]`) that `sptlib.kernels.platform.attention` lowers for
+TPU. Splash takes the mask as blocks: full, causal or a local band (`LocalMask`, left/right
+window), so its grid visits only the key blocks a query block needs. Key padding becomes segment
+ids (real keys segment 1, padding 0, every query 1), lengths are padded to a multiple of 128
+with padding keys, and the batch is a `vmap`.
+
+A Mosaic kernel cannot be partitioned automatically, so the call runs inside `jax.shard_map`
+over the mesh in context: batch and heads stay sharded as the caller's `spec` says
+(`PartitionSpec` of `[batch, length, heads, head_dim]`), length and head_dim are whole per
+shard.
+
+Cost estimates. XLA's cost model knows nothing about a Pallas call without a `CostEstimate`, and
+jax's splash kernels set none, so `install_cost_estimates()` gives each of their calls one: the
+scheduled work of its grid (grid steps x block_q x block_kv (query, key) pairs; per pair 4
+head_dim FLOPs forward, 6 in the dq kernel, 10 in the fused dkv kernel, one exp each) and the
+bytes of its operands and results. For a causal mask the grid also steps through blocks it
+skips at run time, so the estimate is high there (a conservative bound).
+"""
+
+import functools
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jax.experimental import pallas as pl
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+LANES = 128
+# Flash FLOPs per (query, key) pair and head_dim unit, by splash kernel phase.
+PHASE_FLOPS = {"fwd": 4, "dq": 6, "dkv": 10}
+
+
+def _block(length):
+    """The largest of 512 / 256 / 128 dividing `length` (a multiple of 128)."""
+    return next(b for b in (512, 256, 128) if length % b == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(length, heads, causal, window, interpret):
+    """A splash kernel for `[heads, length, head_dim]` (length a multiple of 128)."""
+    shape = (length, length)
+    if window:
+        mask = masks.LocalMask(shape, window_size=(window, 0 if causal else window), offset=0)
+    elif causal:
+        mask = masks.CausalMask(shape)
+    else:
+        mask = masks.FullMask(shape)
+    b = _block(length)
+    sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+                              block_kv_dkv=b, block_kv_dkv_compute=b, use_fused_bwd_kernel=True)
+    return splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
+                                  q_seq_shards=1, block_sizes=sizes, interpret=interpret)
+
+
+def splash_attention(q, k, v, key_mask, *, causal=False, window=0, interpret=False):
+    """One shard's attention by splash (see the module docstring); shapes as the contract."""
+    batch, length, heads, head_dim = q.shape
+    padded = -(-length // LANES) * LANES
+    if padded != length:
+        pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
+        q, k, v = (jnp.pad(a, pad) for a in (q, k, v))
+        key_mask = jnp.pad(key_mask, [(0, 0), (0, padded - length)])
+    kernel = _kernel(padded, heads, bool(causal), int(window), bool(interpret))
+    seg = splash.SegmentIds(q=jnp.ones((batch, padded), jnp.int32),
+                            kv=key_mask.astype(jnp.int32))
+    heads_major = lambda a: a.transpose(0, 2, 1, 3)  # [batch, heads, length, head_dim]
+    out = jax.vmap(kernel)(heads_major(q), heads_major(k), heads_major(v), segment_ids=seg)
+    return out.transpose(0, 2, 1, 3)[:, :length].astype(v.dtype)
+
+
+def _batch_spec(mesh, batch):
+    """Batch over every mesh axis of size > 1 (when they divide it), for callers without a spec."""
+    axes = tuple(n for n, s in mesh.shape.items() if s > 1)
+    size = int(np.prod([mesh.shape[n] for n in axes])) if axes else 1
+    return P(axes if axes and batch % size == 0 else None)
+
+
+def kernel_for(q, *, causal, window, spec=None, interpret=False):
+    """The splash function for these arguments under the mesh in context (module docstring)."""
+    install_cost_estimates()
+    call = functools.partial(splash_attention, causal=causal, window=window,
+                             interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return call
+    spec = spec if spec is not None else _batch_spec(mesh, q.shape[0])
+    b, h = (tuple(spec) + (None,) * 4)[0], (tuple(spec) + (None,) * 4)[2]
+    qkv, m = P(b, None, h, None), P(b, None)
+    return jax.shard_map(call, in_specs=(qkv, qkv, qkv, m), out_specs=qkv, check_vma=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost estimates for splash's Pallas calls
+# ---------------------------------------------------------------------------------------------
+
+def _phase(name):
+    return next((p for p in PHASE_FLOPS if f"_{p}" in name), None)
+
+
+def cost_estimate(name, grid, metadata, operands, out_shape):
+    """`pl.CostEstimate` of one splash call (module docstring), or None for an unknown one."""
+    phase = _phase(name or "")
+    if phase is None or not grid:
+        return None
+    sizes = json.loads((metadata or {}).get("xprof_metadata", "{}"))
+    suffix = "" if phase == "fwd" else f"_{phase}"
+    bq, bkv = sizes.get(f"block_q{suffix}"), sizes.get(f"block_kv{suffix}")
+    floats = [x for x in operands if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2]
+    if not bq or not bkv or not floats:
+        return None
+    pairs = int(np.prod(grid)) * bq * bkv
+    head_dim = floats[0].shape[-1]
+    outs = [o for o in jax.tree.leaves(out_shape) if o is not None]
+    nbytes = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in
+                 list(operands) + outs)
+    return pl.CostEstimate(flops=PHASE_FLOPS[phase] * head_dim * pairs, transcendentals=pairs,
+                           bytes_accessed=nbytes)
+
+
+def install_cost_estimates():
+    """Routes the splash module's `pl.pallas_call` through one that adds `cost_estimate` where
+    the call has none (jax's own module is untouched: only splash's reference to `pl`)."""
+    if getattr(splash.pl, "sptlib_costed", False):
+        return
+    real = pl.pallas_call
+
+    def pallas_call(kernel, *args, **kwargs):
+        if kwargs.get("cost_estimate") is not None:
+            return real(kernel, *args, **kwargs)
+        grid = getattr(kwargs.get("grid_spec"), "grid", None) or kwargs.get("grid")
+
+        def call(*operands):
+            est = cost_estimate(kwargs.get("name"), grid, kwargs.get("metadata"), operands,
+                                kwargs.get("out_shape"))
+            return real(kernel, *args, **dict(kwargs, cost_estimate=est))(*operands)
+
+        return call
+
+    shim = types.SimpleNamespace(**{n: getattr(pl, n) for n in dir(pl) if not n.startswith("__")})
+    shim.pallas_call, shim.sptlib_costed = pallas_call, True
+    splash.pl = shim
