@@ -57,6 +57,21 @@ def has_randinit(model: str) -> bool:
     return randinit_overrides(model) is not None
 
 
+# The SSM blocks of the zoo (sptlib.layers.ssm_block.SSMBlock) and the recipe options each takes.
+SSM_BLOCKS = ("s4", "s4d", "dss", "dlr", "s5")
+MIXER_OPTIONS = {"n_ssm": ("s4", "s4d"), "init_kind": ("s4d",), "discretization": ("s4d",),
+                 "c_in_ssm_group": ("dlr",), "theta_init": ("dlr",)}
+
+
+def recipe_for(task: TaskSpec, model: str) -> Recipe:
+    """The recipe of `model` on `task`: its own (`TaskSpec.models`: DLR, S4D, DSS where the
+    release has their files), else the Transformer's or the shared SSM one."""
+    own = task.models.get(variants.family(model))
+    if own is not None:
+        return own
+    return task.ssm if variants.uses_ssm_lr(model) else task.transformer
+
+
 def steps_for(recipe: Recipe, num_train: int) -> int:
     return max(1, int(round(recipe.epochs * num_train / recipe.batch_size)))
 
@@ -65,7 +80,9 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
     """Fills `config.model` for model `name` with `recipe`'s sizes (in place).
 
     A recipe with a `window` gets the local attention kernel (O(L · window) time and memory; a
-    window over `impl="plain"` would only mask a full L × L score matrix).
+    window over `impl="plain"` would only mask a full L × L score matrix). As the paper's code
+    (PyTorch): PyTorch's initialisation of the dense layers (`init_scheme="torch"`) and exact
+    GELU everywhere.
     """
     base = variants.family(name)
     m = model_cfg
@@ -73,6 +90,9 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
     m.norm, m.prenorm, m.dropout = recipe.norm, recipe.prenorm, recipe.dropout
     m.ffn_mult, m.pooling = recipe.ffn_mult, recipe.pooling
     m.remat = recipe.remat
+    m.init_scheme, m.gelu_approximate = "torch", False
+    m.tie_dropout = recipe.tie_dropout
+    m.head_hidden, m.head_activation = recipe.head_hidden, recipe.head_activation
     m.causal = base == "transformer-causal"
     m.attention.n_heads = recipe.n_heads
     m.attention.window = recipe.window
@@ -98,12 +118,17 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
         m.mixer, m.pattern, m.ffn_mult = "gss", "gss_hybrid", 0
     elif base in SELECTIVE_MODELS:
         m.mixer, m.pattern, m.ffn_mult = base, "uniform", 0
-    elif base in ("s4", "s4d", "dss", "dlr", "s5"):
+    elif base in SSM_BLOCKS:
         m.mixer, m.pattern = base, "uniform"
-        # DLR has no step size (its decay rates have their own init range).
-        for key in ("dt_min", "dt_max") if base != "dlr" else ():
+        # DLR's step size only sets its decay rates' init range (with theta_init=omega).
+        for key in ("dt_min", "dt_max"):
             if getattr(recipe, key) is not None:
                 m[base][key] = getattr(recipe, key)
+        m[base].gelu_approximate, m[base].tie_dropout = False, recipe.tie_dropout
+        m[base].init_scheme = "torch"
+        for key, value in recipe.mixer.items():
+            if base in MIXER_OPTIONS[key]:
+                m[base][key] = value
     else:
         raise ValueError(f"Unknown model {name!r}; known: {MODELS + VARIANTS} (+ '-randinit' "
                          "variants)")
@@ -117,14 +142,21 @@ def set_optim(stage, recipe: Recipe, ssm: bool) -> None:
     o = stage.optim
     o.lr, o.weight_decay = recipe.lr, recipe.weight_decay
     o.warmup_steps, o.schedule = recipe.warmup_steps, recipe.schedule
+    o.decay_steps = recipe.decay_steps
     o.ssm_lr = recipe.ssm_lr if ssm else recipe.lr
+    o.ssm_dt_lr = (recipe.lr if recipe.dt_lr == "lr" else recipe.dt_lr) if ssm else None
     o.ssm_weight_decay = 0.0
 
 
 def apply_regime(config, regime: str, *, task: TaskSpec, pretrain_steps: int,
                  finetune_steps: int, pretrain_batch_ratio: float = 1.0,
-                 mlpinit_objective: str = "classify") -> None:
+                 mlpinit_objective: str = "classify", target: str = "") -> None:
     """Sets stage_order and step budgets of `config` for `regime` (in place).
+
+    `target`: the masked-SPT target where the recipe's pretraining sets its own (default: the
+    task's). Causal SPT pretrains a causal backbone and finetunes it bidirectionally, as the
+    paper's code (the causal mask is a pretraining choice): `stages.pretrain.causal = True`,
+    `stages.finetune.causal = False` (a stage's `causal` overrides `model.causal`).
 
     `pretrain_batch_ratio` (pretrain batch / finetune batch) converts the pretraining steps into
     finetune-batch steps for `scratch-equal-compute`, so the control sees as many examples.
@@ -152,8 +184,9 @@ def apply_regime(config, regime: str, *, task: TaskSpec, pretrain_steps: int,
         else:
             obj.kind = "causal"
             config.model.causal = True
-        if task.target:
-            obj.target = task.target
+            st.pretrain.causal, st.finetune.causal = True, False
+        if target or task.target:
+            obj.target = target or task.target
     for name in ("finetune", "scratch"):
         st[name].objective.kind = task.objective
 
@@ -173,7 +206,7 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
         raise ValueError(f"Unknown task {task_name!r}; known: {sorted(TASKS)}")
     task = TASKS[task_name]
     attention = not variants.uses_ssm_lr(model)
-    recipe = task.transformer if attention else task.ssm
+    recipe = recipe_for(task, model)
     c = train_config.base_config()
     with c.unlocked():
         c.data.update(task.data)
@@ -186,12 +219,19 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
             s.batch_size = r.batch_size
             set_optim(s, r, ssm=not attention and variants.family(model) not in SELECTIVE_MODELS)
             steps[name] = steps_for(r, task.num_train)
-            s.eval_every = s.checkpoint_every = max(1, steps[name] // 50)
         scaled = {k: max(1, int(v * scale)) for k, v in steps.items()}
+        for name in ("pretrain", "finetune", "scratch"):
+            # Validate (and keep the best checkpoint) once per epoch, as the paper's code (PyTorch
+            # Lightning's default; every half epoch in the continuous pretraining pipelines).
+            epochs = task.pretrain_eval_epochs if name == "pretrain" else 1.0
+            every = round(epochs * task.num_train / recipe.stage(name).batch_size)
+            c.stages[name].eval_every = c.stages[name].checkpoint_every = max(
+                1, min(every, scaled[name]))
         apply_regime(c, regime, task=task, pretrain_steps=scaled["pretrain"],
                      finetune_steps=scaled["finetune"],
                      pretrain_batch_ratio=recipe.stage("pretrain").batch_size / recipe.batch_size,
-                     mlpinit_objective=mlpinit_objective)
+                     mlpinit_objective=mlpinit_objective,
+                     target=recipe.stage("pretrain").target)
         set_slice(c, recipe.slice or task.slice, [recipe.stage(n).batch_size for n in ("pretrain", "finetune")])
         add_compare(c, models=("transformer", "s4"), regimes=("scratch", "spt-masked"),
                     seeds=(0, 1, 2), title=f"{task_name}: {model}, paper sizes")

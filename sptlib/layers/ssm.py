@@ -72,9 +72,11 @@ class DLRMixer(ConvSSM):
     """
     d_state: int = 1024
     c_in_ssm_group: bool = False
+    theta_init: str = "uniform"  # uniform | omega (the paper code's init; DLRKernel)
 
     def _kernel_module(self, **common):
-        return DLRKernel(c_in_ssm_group=self.c_in_ssm_group, **common)
+        return DLRKernel(c_in_ssm_group=self.c_in_ssm_group, theta_init=self.theta_init,
+                         **common)
 
 
 class S4Mixer(ConvSSM):

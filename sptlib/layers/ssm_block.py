@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from sptlib import kernels
 from sptlib.layers.initializers import boxed
+from sptlib.layers.initializers import dense as dense_init
 from sptlib.layers.ssm_kernels import attach
 
 
@@ -33,6 +34,7 @@ class SSMBlock(nn.Module):
     dt_max: float = 1e-1
     gelu_approximate: bool = True
     tie_dropout: bool = False  # one dropout mask per (example, channel), shared over positions
+    init_scheme: str = "linen"  # of out_proj: linen | torch (sptlib.layers.initializers)
     dtype: Any = jnp.float32
 
     @property
@@ -45,10 +47,11 @@ class SSMBlock(nn.Module):
         attach(self, self.ssm)  # the SSM's parameters first, then D and out_proj, as always
         self.D = self.param("D", boxed(nn.initializers.normal(1.0), ("ssm_channels",)),
                             (self.d_model,), jnp.float32)
+        kernel_init, bias_init = dense_init(self.init_scheme, self.d_model)
         self.out_proj = nn.Dense(
             2 * self.d_model, dtype=self.dtype,
-            kernel_init=boxed(nn.initializers.lecun_normal(), ("embed", "mlp")),
-            bias_init=boxed(nn.initializers.zeros, ("mlp",)),
+            kernel_init=boxed(kernel_init, ("embed", "mlp")),
+            bias_init=boxed(bias_init, ("mlp",)),
             name="out_proj")
         self.drop = nn.Dropout(self.dropout, broadcast_dims=(1,) if self.tie_dropout else ())
 

@@ -224,20 +224,34 @@ class DLRKernel(SSMKernel):
     """DLR (Gupta, Mehta & Berant 2022): x_k = Lambda x_k-1 + u_k, y_k = Re(C x_k),
     lambda = exp(-a^2 + i theta) `[N]` shared by the channels, C `[n_dir, H, N]`.
 
-    Init: a^2 log-uniform in [1e-4, 1e-1] (|lambda| in [0.90, 0.9999]), theta uniform in
-    [0, 2 pi), C complex normal with E|C|^2 = 1/N. Parameters: a, theta [ssm]; C [default, or
-    ssm with `c_in_ssm_group`: the paper code's `W`, at `lr.W` without weight decay].
+    Init (`theta_init`): ``uniform`` (default): a^2 log-uniform in [1e-4, 1e-1] (|lambda| in
+    [0.90, 0.9999]), theta uniform in [0, 2 pi), C complex normal with E|C|^2 = 1/N. ``omega``
+    (the paper code's `Lambda_init: omega`, `W_scale: null`): a^2 = dt / 2 with dt log-uniform in
+    [dt_min, dt_max], theta = 2 pi n / N, C's real and imaginary parts normal with std 1/N.
+    Parameters: a, theta [ssm]; C [default, or ssm with `c_in_ssm_group`: the paper code's `W`,
+    at `lr.W` without weight decay].
     """
     d_state: int = 1024
     c_in_ssm_group: bool = False
+    theta_init: str = "uniform"  # uniform | omega
 
     def setup(self):
         h, n = self.channels, self.d_state
-        self.a = self._ssm_p("a", sqrt_log_uniform(1e-4, 1e-1), (n,), ("ssm_state",))
-        self.theta = self._ssm_p("theta", uniform(0.0, 2 * np.pi), (n,), ("ssm_state",))
+        if self.theta_init == "omega":
+            half = np.log(0.5)
+            a_init = lambda k, s, d=jnp.float32: jnp.sqrt(jnp.exp(  # noqa: E731
+                half + log_uniform(self.dt_min, self.dt_max)(k, s, d)))
+            theta = const(2 * np.pi * np.arange(n) / n)
+            c_init = lambda k, s, d=jnp.float32: jax.random.normal(k, s, d) / n  # noqa: E731
+        elif self.theta_init == "uniform":
+            a_init, theta = sqrt_log_uniform(1e-4, 1e-1), uniform(0.0, 2 * np.pi)
+            c_init = complex_normal(1.0 / np.sqrt(n))
+        else:
+            raise ValueError(f"DLR theta_init={self.theta_init!r} not in (uniform, omega)")
+        self.a = self._ssm_p("a", a_init, (n,), ("ssm_state",))
+        self.theta = self._ssm_p("theta", theta, (n,), ("ssm_state",))
         make = self._ssm_p if self.c_in_ssm_group else self._p
-        self.C = make("C", complex_normal(1.0 / np.sqrt(n)), (self.n_dir, h, n, 2),
-                      DIR_CHANNEL_STATE)
+        self.C = make("C", c_init, (self.n_dir, h, n, 2), DIR_CHANNEL_STATE)
 
     def kernel(self, length):
         log_lambda = kernels.dlr_log_lambda(self.a, self.theta)
