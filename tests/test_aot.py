@@ -191,14 +191,17 @@ def test_cli_pathx_transformer_pretrain_fits_a_v4_8(tmp_path):
 
 
 def test_cli_refuses_full_attention_at_pathx_in_one_line():
-    # The preset's fixes undone: full L x L attention, no rematerialisation.
+    # The preset's fixes undone: full L x L attention by the jnp reference (splash, the TPU
+    # kernel, never forms the score matrix), no rematerialisation.
     out = _aot(PATHX_TRANSFORMER, "--config.model.attention.impl=plain",
+               "--config.model.attention.kernel=reference",
                "--config.model.attention.window=0", "--config.model.remat=False",
                "--topology=v4-8", "--stage=pretrain")
     assert out.returncode == 1
     (line,) = _errors(out.stderr)
     assert line.startswith("lra.py:pathx,transformer,spt-masked stage pretrain on v4-8")
     assert "32 GiB HBM" in line and "attention.impl='local'" in line and "remat" in line
+    assert "attention.kernel='auto'" in line
 
 
 def test_cli_bad_slice_and_mesh_are_clear_errors():

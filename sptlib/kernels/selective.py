@@ -181,12 +181,14 @@ def ssd(x, dt, A, B, C, D=None, *, chunk_size=64, h0=None, return_state=False):
     decay = jnp.where(mask, jnp.exp(seg), 0.0)            # [b, c, H, t, t]
     decay = decay.reshape((batch, c, g, nh // g, t, t))
     cb = jnp.einsum("bclgn,bcsgn->bcgls", cc, bc)         # [b, c, G, t, t]
-    y_diag = jnp.einsum("bcgls,bcghls,bcsghp->bclghp", cb, decay, xg)
+    # (pairwise products: one 3-operand einsum may form a [.., t, t, P] outer product)
+    y_diag = jnp.einsum("bcghls,bcsghp->bclghp", cb[:, :, :, None] * decay, xg)
 
     # 2. each chunk's final state from its own inputs
     to_end = jnp.exp(a_cum[..., -1:] - a_cum)             # [b, c, H, t]
     to_end = to_end.reshape((batch, c, g, nh // g, t))
-    states = jnp.einsum("bcsgn,bcghs,bcsghp->bcghpn", bc, to_end, xg)
+    xw = xg * jnp.moveaxis(to_end, -1, 2)[..., None]      # [b, c, t, G, Hg, P]
+    states = jnp.einsum("bcsgn,bcsghp->bcghpn", bc, xw)
 
     # 3. inter-chunk recurrence (a short scan over chunks) for the state entering each chunk
     h0 = jnp.zeros((batch, nh, p, n), f32) if h0 is None else h0.astype(f32)
@@ -204,7 +206,8 @@ def ssd(x, dt, A, B, C, D=None, *, chunk_size=64, h0=None, return_state=False):
     # 4. the entering state's contribution inside each chunk
     from_start = jnp.exp(a_cum).reshape((batch, c, g, nh // g, t))
     h_in = h_in.reshape((batch, c, g, nh // g, p, n))
-    y_off = jnp.einsum("bclgn,bcghpn,bcghl->bclghp", cc, h_in, from_start)
+    y_off = (jnp.einsum("bclgn,bcghpn->bclghp", cc, h_in)
+             * jnp.moveaxis(from_start, -1, 2)[..., None])
 
     y = (y_diag + y_off).reshape(batch, padded, nh, p)[:, :length]
     if D is not None:
@@ -225,7 +228,7 @@ def ssd_quadratic(x, dt, A, B, C, D=None):
     decay = decay.reshape((decay.shape[0], g, nh // g) + decay.shape[-2:])
     cb = jnp.einsum("blgn,bsgn->bgls", C, B)
     xg = _group_heads(x * dt[..., None], g)
-    y = jnp.einsum("bgls,bghls,bsghp->blghp", cb, decay, xg).reshape(x.shape)
+    y = jnp.einsum("bghls,bsghp->blghp", cb[:, :, None] * decay, xg).reshape(x.shape)
     if D is not None:
         y = y + x * D.astype(f32)[:, None]
     return y

@@ -7,13 +7,15 @@ finetuning can load everything but `head`.
 from typing import Any, Mapping
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import ml_collections
 
-from sptlib.layers import initializers
+from sptlib.layers import get_mixer, initializers
 from sptlib.layers.blocks import BlockConfig
 from sptlib.models.backbone import Backbone
 from sptlib.models.bow import BagOfWords
+from sptlib.models.config import resolve_dtype
 from sptlib.models.encoders import LinearEncoder, TokenEncoder
 from sptlib.models.heads import ClassifyHead, PixelHead, RetrievalHead, TokenHead
 
@@ -22,10 +24,23 @@ HEADS = ("classify", "token_logits", "pixel_logits", "regress", "retrieval")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def compute_dtype(model_cfg):
+    """The jnp compute dtype of `config.model.dtype` (``auto``: by JAX's default backend; a
+    stage resolves it for its mesh's devices first, `resolve_model_config`)."""
+    return DTYPES[resolve_dtype(model_cfg.get("dtype", "float32"), jax.default_backend())]
+
+
 def _as_dict(cfg):
     if cfg is None:
         return {}
     return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+
+
+def _with_dtype(mixer, options, dtype):
+    """`options` plus the compute dtype where the mixer takes one (its projections)."""
+    fields = getattr(get_mixer(mixer), "__dataclass_fields__", {})
+    return dict(options, dtype=dtype) if "dtype" in fields and "dtype" not in options \
+        else options
 
 
 def _freeze(options):
@@ -39,7 +54,7 @@ def block_config(model_cfg) -> BlockConfig:
     c = model_cfg
     return BlockConfig(d_model=c.d_model, causal=c.causal, dropout=c.dropout, norm=c.norm,
                        prenorm=c.prenorm, ffn_mult=c.ffn_mult,
-                       dtype=DTYPES[c.get("dtype", "float32")],
+                       dtype=compute_dtype(c),
                        init_scheme=c.get("init_scheme", "linen"),
                        gelu_approximate=c.get("gelu_approximate", True),
                        tie_dropout=c.get("tie_dropout", False))
@@ -53,10 +68,11 @@ def layer_specs(model_cfg):
     `n_layers · n_heads` heads of the deep model's head width.
     """
     c = model_cfg
-    dtype = DTYPES[c.get("dtype", "float32")]
+    dtype = compute_dtype(c)
     attention = dict(_as_dict(c.attention), dtype=dtype,
                      init_scheme=c.get("init_scheme", "linen"))
-    options = lambda name: attention if name == "attention" else _as_dict(c.get(name))
+    options = lambda name: attention if name == "attention" else _with_dtype(
+        name, _as_dict(c.get(name)), dtype)
     if c.pattern == "uniform":
         return ((c.mixer, _freeze(options(c.mixer))),) * c.n_layers
     if c.pattern == "gss_hybrid":
@@ -118,13 +134,13 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
     c = model_cfg if isinstance(model_cfg, ml_collections.ConfigDict) else \
         ml_collections.ConfigDict(model_cfg)
     h = _as_dict(head_cfg)
-    dtype = DTYPES[c.get("dtype", "float32")]
+    dtype = compute_dtype(c)
     scheme = c.get("init_scheme", "linen")
     initializers.check(scheme)
     if c.encoder == "token":
         if c.vocab_size <= 0:
             raise ValueError("model.vocab_size must be set (from task.info['vocab_size'])")
-        encoder = TokenEncoder(c.vocab_size, c.d_model, c.positions, c.max_length, dtype)
+        encoder = TokenEncoder(c.vocab_size, c.d_model, c.positions, c.max_length)
     elif c.encoder == "linear":
         encoder = LinearEncoder(c.d_input + int(bool(c.mask_channel)), c.d_model, c.positions,
                                 c.max_length, dtype, scheme)

@@ -48,8 +48,11 @@ def model_config():
     # the same parameters; faster on CPU for shallow stacks (sptlib.models.backbone).
     c.scan_unroll = 1
     c.remat = False
-    # Compute dtype of encoder, attention, FFN and norms: float32 | bfloat16 (params stay float32).
-    c.dtype = "float32"
+    # Compute dtype of the matmuls, attention and norms: auto | float32 | bfloat16 | float16.
+    # Parameters, optimizer state, the residual stream, softmax statistics, the head, loss and
+    # metrics stay float32. auto = bfloat16 where the step runs on TPU or GPU (their matrix
+    # units are half-precision native), float32 on CPU (sptlib.models.build.compute_dtype).
+    c.dtype = "auto"
     # Initialisation of the dense projections (encoder, attention, FFN, heads): linen (fan-in
     # truncated normal, zero biases) | torch (PyTorch's nn.Linear / nn.TransformerEncoderLayer
     # defaults); see sptlib.layers.initializers. Norms, embeddings and SSM parameters are
@@ -87,12 +90,25 @@ def model_config():
     return c
 
 
-def resolve_model_config(model_cfg, task_info):
+# `dtype="auto"` by the platform the model runs on.
+AUTO_DTYPE = {"tpu": "bfloat16", "gpu": "bfloat16", "cuda": "bfloat16", "rocm": "bfloat16"}
+
+
+def resolve_dtype(name, platform):
+    """`config.model.dtype` with ``auto`` resolved for `platform` (cpu | gpu | tpu)."""
+    return AUTO_DTYPE.get(platform, "float32") if name == "auto" else name
+
+
+def resolve_model_config(model_cfg, task_info, platform=None):
     """A copy of `config.model` with the data-dependent fields (0 = from the data) filled in.
 
-    `task_info` is the task's `info` dict (vocab_size, max_length, input_type, d_input).
+    `task_info` is the task's `info` dict (vocab_size, max_length, input_type, d_input);
+    `platform` (cpu | gpu | tpu; default: JAX's default backend) resolves ``dtype="auto"``.
     """
     m = ml_collections.ConfigDict(model_cfg.to_dict())
+    if m.get("dtype", "float32") == "auto":
+        import jax  # deferred: the config module itself stays JAX-free
+        m.dtype = resolve_dtype("auto", platform or jax.default_backend())
     if not m.vocab_size:
         m.vocab_size = int(task_info.get("vocab_size", 0))
     if not m.max_length:

@@ -50,7 +50,10 @@ class AddPositions(nn.Module):
 
 
 class TokenEncoder(nn.Module):
-    """Embedding of token ids `[batch, length]` (int) -> `[batch, length, d_model]`."""
+    """Embedding of token ids `[batch, length]` (int) -> `[batch, length, d_model]`.
+
+    `dtype` is the embedding's output dtype; sptlib models keep it float32 (the residual stream
+    of mixed precision: a lookup has no matmul to speed up)."""
     vocab_size: int
     d_model: int
     positions: str = "none"
@@ -90,4 +93,6 @@ class LinearEncoder(nn.Module):
                      kernel_init=nn.with_logical_partitioning(kernel_init, (None, "embed")),
                      bias_init=nn.with_logical_partitioning(bias_init, ("embed",)),
                      name="dense", dot_general=linear.dot_general)(inputs.astype(self.dtype))
+        # The residual stream stays float32 whatever the compute dtype (mixed precision).
+        x = x.astype(jnp.float32)
         return AddPositions(self.positions, self.max_length, name="positions")(x)

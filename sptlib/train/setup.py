@@ -105,7 +105,8 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
     seed = stage_seed(config, stage_name)
     if info is None:
         info = data_lib.get_task(config.data).info
-    model_cfg = models.resolve_model_config(config.model, info)
+    platform = (devices[0] if devices is not None else jax.devices()[0]).platform
+    model_cfg = models.resolve_model_config(config.model, info, platform)
     if stage.get("bypass_mixers", False):
         # mlpinit's stage 1: the same model with every sequence mixer bypassed (per-token).
         model_cfg.bypass_mixers = True

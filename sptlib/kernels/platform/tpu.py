@@ -84,6 +84,13 @@ def _batch_spec(mesh, batch):
     return P(axes if axes and batch % size == 0 else None)
 
 
+def _divides(mesh, axes, size):
+    """`axes` (a mesh axis name, a tuple of them or None) if their sizes divide `size`, else
+    None (that dimension whole on every shard, e.g. the batch of 1 that initialisation traces)."""
+    names = axes if isinstance(axes, tuple) else (axes,) if axes else ()
+    return axes if names and size % int(np.prod([mesh.shape[n] for n in names])) == 0 else None
+
+
 def kernel_for(q, *, causal, window, spec=None, interpret=False):
     """The splash function for these arguments under the mesh in context (module docstring)."""
     install_cost_estimates()
@@ -93,7 +100,7 @@ def kernel_for(q, *, causal, window, spec=None, interpret=False):
     if mesh.empty or mesh.size == 1:
         return call
     spec = spec if spec is not None else _batch_spec(mesh, q.shape[0])
-    b, h = (tuple(spec) + (None,) * 4)[0], (tuple(spec) + (None,) * 4)[2]
+    b, h = (_divides(mesh, (tuple(spec) + (None,) * 4)[i], q.shape[i]) for i in (0, 2))
     qkv, m = P(b, None, h, None), P(b, None)
     return jax.shard_map(call, in_specs=(qkv, qkv, qkv, m), out_specs=qkv, check_vma=False)
 
@@ -114,14 +121,14 @@ def cost_estimate(name, grid, metadata, operands, out_shape):
     sizes = json.loads((metadata or {}).get("xprof_metadata", "{}"))
     suffix = "" if phase == "fwd" else f"_{phase}"
     bq, bkv = sizes.get(f"block_q{suffix}"), sizes.get(f"block_kv{suffix}")
+    operands = [x for x in jax.tree.leaves(operands) if hasattr(x, "dtype")]
     floats = [x for x in operands if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2]
     if not bq or not bkv or not floats:
         return None
     pairs = int(np.prod(grid)) * bq * bkv
     head_dim = floats[0].shape[-1]
     outs = [o for o in jax.tree.leaves(out_shape) if o is not None]
-    nbytes = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in
-                 list(operands) + outs)
+    nbytes = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in operands + outs)
     return pl.CostEstimate(flops=PHASE_FLOPS[phase] * head_dim * pairs, transcendentals=pairs,
                            bytes_accessed=nbytes)
 

@@ -1,0 +1,192 @@
+"""The accelerator kernels behind the attention algorithms, against the plain jnp attention.
+
+- TPU: Pallas splash attention in interpret mode (forward and gradients; full, causal, local
+  band both ways, causal band; key padding; lengths that are not multiples of 128), its cost
+  estimates, and that a step traced under a TPU mesh lowers to it (compiled for a v4 slice in
+  tests/test_aot.py too).
+- GPU: the banded-block attention of bidirectional windows (forward and gradients, odd lengths,
+  blocks smaller and larger than the window), and the cuDNN call's argument mapping, checked
+  through the same `jax.nn.dot_product_attention` call with `implementation="xla"` (no GPU here).
+- The choice itself: which kernel the dispatcher lowers per platform.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sptlib import topologies
+from sptlib.kernels import attention as ref
+from sptlib.kernels import platform
+from sptlib.kernels.platform import gpu, tpu
+
+
+def _case(length, heads=2, head_dim=128, pad=13, seed=0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q, k, v = (jax.random.normal(kk, (2, length, heads, head_dim)) for kk in ks[:3])
+    mask = jnp.arange(length)[None] < jnp.array([length, length - pad])[:, None]
+    w = jax.random.normal(ks[3], q.shape) * mask[..., None, None]  # cotangent on real rows only
+    return q * head_dim ** -0.5, k, v, mask, w
+
+
+def _assert_equal_to_plain(fn, q, k, v, mask, w, causal, window, atol=2e-5, gatol=2e-4):
+    plain = functools.partial(ref.dot_product_attention, causal=causal, window=window)
+    real = np.asarray(mask)[..., None, None]
+    out, expected = fn(q, k, v, mask), plain(q, k, v, mask)
+    np.testing.assert_allclose(np.where(real, out, 0), np.where(real, expected, 0), atol=atol)
+    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v, mask) * w)
+    got = jax.grad(loss(fn), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want):
+        assert np.abs(np.asarray(b)).max() > 1e-2  # not trivially zero
+        np.testing.assert_allclose(a, b, atol=gatol)
+    # Padding keys get no gradient.
+    for g in got[1:]:
+        assert np.all(np.asarray(g)[1, -13:] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# TPU: splash attention (Pallas, interpret mode on CPU)
+
+SPLASH_CASES = [(256, False, 0), (200, True, 0), (300, False, 40), (130, True, 30)]
+
+
+@pytest.mark.parametrize("length,causal,window", [
+    SPLASH_CASES[0], SPLASH_CASES[1],
+    *(pytest.param(*c, marks=pytest.mark.slow) for c in SPLASH_CASES[2:])])
+def test_splash_equals_plain_forward_and_gradients(length, causal, window):
+    q, k, v, mask, w = _case(length)
+    fn = functools.partial(tpu.splash_attention, causal=causal, window=window, interpret=True)
+    _assert_equal_to_plain(fn, q, k, v, mask, w, causal, window)
+
+
+def test_splash_local_band_both_sides_and_odd_length():
+    """One fast case of the band: a bidirectional window at a length splash pads (300 -> 384)."""
+    q, k, v, mask, w = _case(300, heads=1)
+    fn = functools.partial(tpu.splash_attention, window=40, interpret=True)
+    _assert_equal_to_plain(fn, q, k, v, mask, w, False, 40)
+
+
+def test_splash_cost_estimate_counts_the_grid():
+    """Forward: 4 head_dim FLOPs per scheduled (query, key) pair; fused backward: 10."""
+    grid, meta = (2, 4, 3), {"xprof_metadata": '{"block_q": 128, "block_kv": 128}'}
+    q = jax.ShapeDtypeStruct((2, 512, 64), jnp.bfloat16)
+    est = tpu.cost_estimate("splash_mha_fwd_segmented_no_residuals", grid, meta, [q, q, q], q)
+    pairs = 2 * 4 * 3 * 128 * 128
+    assert est.flops == 4 * 64 * pairs and est.transcendentals == pairs
+    assert est.bytes_accessed == 4 * 2 * 512 * 64 * 2
+    meta = {"xprof_metadata": '{"block_q_dkv": 256, "block_kv_dkv": 128}'}
+    est = tpu.cost_estimate("splash_mha_dkv_segmented", grid, meta, [q, q, q], q)
+    assert est.flops == 10 * 64 * 2 * 4 * 3 * 256 * 128
+    assert tpu.cost_estimate("some_other_kernel", grid, meta, [q], q) is None
+
+
+def test_splash_compiles_for_a_v4_chip_with_a_cost():
+    """Lowered for a TPU (libtpu's compile-only devices), every splash call is costed: the
+    compiled program's FLOPs include the kernels' estimate and the step has a time bound."""
+    spec = topologies.slice_spec("v4-8")
+    devices = topologies.devices(spec)
+    mesh = jax.sharding.Mesh(np.array(devices[:1]), ("data",))
+    shape = jax.ShapeDtypeStruct((2, 1024, 4, 128), jnp.bfloat16,
+                                 sharding=jax.sharding.NamedSharding(mesh, jax.P()))
+    m = jax.ShapeDtypeStruct((2, 1024), jnp.bool_, sharding=shape.sharding)
+
+    def loss(q, k, v, mask):
+        return jnp.sum(platform.attention(q, k, v, mask).astype(jnp.float32))
+
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape, m)
+    assert "tpu_custom_call" in lowered.as_text()
+    # sptlib.aot's effort: at 0 libtpu gives no time estimate.
+    cost = lowered.compile({"exec_time_optimization_effort": -1.0}).cost_analysis()
+    attention_flops = (4 + 10) * 2 * 4 * 1024 * 1024 * 128  # forward + fused backward, dense
+    assert cost["flops"] >= attention_flops
+    assert cost["optimal_seconds"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: banded blocks (bidirectional windows) and the cuDNN argument mapping
+
+@pytest.mark.parametrize("length,window,block,causal", [
+    (37, 5, 8, False), (50, 7, 16, False), (33, 40, 8, False), (64, 16, 16, True),
+    (70, 9, 32, True)])
+def test_banded_blocks_equal_plain(length, window, block, causal):
+    q, k, v, mask, w = _case(length, heads=3, head_dim=8, pad=6)
+    fn = functools.partial(gpu.banded_attention, window=window, block=block, causal=causal)
+    real = np.asarray(mask)[..., None, None]
+    plain = functools.partial(ref.dot_product_attention, causal=causal, window=window)
+    np.testing.assert_allclose(np.where(real, fn(q, k, v, mask), 0),
+                               np.where(real, plain(q, k, v, mask), 0), atol=2e-6)
+    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v, mask) * w)
+    for a, b in zip(jax.grad(loss(fn), argnums=(0, 1, 2))(q, k, v),
+                    jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(a, b, atol=5e-5)
+
+
+def test_banded_blocks_in_bfloat16():
+    q, k, v, mask, _ = _case(96, heads=2, head_dim=16)
+    qb, kb, vb = (a.astype(jnp.bfloat16) for a in (q, k, v))
+    out = gpu.banded_attention(qb, kb, vb, mask, window=20, block=32)
+    assert out.dtype == jnp.bfloat16
+    expected = ref.dot_product_attention(*(a.astype(jnp.float32) for a in (qb, kb, vb)), mask,
+                                         window=20)
+    real = np.asarray(mask)[..., None, None]
+    np.testing.assert_allclose(np.where(real, np.float32(out), 0), np.where(real, expected, 0),
+                               atol=3e-2)
+
+
+@pytest.mark.parametrize("causal,window", [(False, 0), (True, 0), (True, 6)])
+def test_cudnn_call_maps_padding_causal_and_window(causal, window):
+    """The cuDNN call's arguments (scale 1, key lengths for padding at the end, a left window
+    with the causal mask) give plain's function when XLA runs the same call."""
+    q, k, v, mask, _ = _case(40, heads=2, head_dim=8, pad=9)
+    out = gpu.cudnn_attention(q, k, v, mask, causal=causal, window=window, implementation="xla")
+    expected = ref.dot_product_attention(q, k, v, mask, causal=causal, window=window)
+    real = np.asarray(mask)[..., None, None]
+    np.testing.assert_allclose(np.where(real, out, 0), np.where(real, expected, 0), atol=2e-6)
+
+
+def test_gpu_kernel_choice():
+    half = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
+    assert gpu.kernel_for(half, causal=False, window=0).func is gpu.cudnn_attention
+    assert gpu.kernel_for(half, causal=True, window=8).func is gpu.cudnn_attention
+    assert gpu.kernel_for(half, causal=False, window=8).func is gpu.banded_attention
+    assert gpu.kernel_for(half.astype(jnp.float32), causal=False, window=0) is None
+    assert gpu.kernel_for(jnp.zeros((1, 8, 2, 12), jnp.bfloat16), causal=True, window=0) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The dispatcher
+
+def test_dispatch_lowers_the_tpu_kernel_only_for_a_tpu_mesh():
+    q = jnp.zeros((4, 256, 2, 128), jnp.bfloat16)
+    f = jax.jit(lambda q: platform.attention(q, q, q))
+    assert "tpu_custom_call" not in f.lower(q).as_text()  # no mesh: this CPU, the CPU path
+    devices = topologies.devices(topologies.slice_spec("v4-8"))
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(4), ("data",))
+    s = jax.ShapeDtypeStruct(q.shape, q.dtype, sharding=jax.sharding.NamedSharding(
+        mesh, jax.P("data")))
+    with jax.set_mesh(mesh):
+        text = f.lower(s).as_text()
+    assert "tpu_custom_call" in text
+
+
+def test_reference_kernel_and_bad_names():
+    q, k, v, mask, _ = _case(24, head_dim=8)
+    np.testing.assert_allclose(
+        platform.attention(q, k, v, mask, algorithm="chunked", kernel="reference", chunk_size=8),
+        ref.dot_product_attention(q, k, v, mask), atol=2e-6)
+    with pytest.raises(ValueError, match="algorithm 'fused'"):
+        platform.attention(q, k, v, mask, algorithm="fused")
+    with pytest.raises(ValueError, match="kernel 'cudnn'"):
+        platform.attention(q, k, v, mask, kernel="cudnn")
+
+
+def test_target_platform_follows_the_mesh():
+    assert platform.target_platform() == jax.default_backend()
+    devices = topologies.devices(topologies.slice_spec("v4-8"))
+    with jax.set_mesh(jax.sharding.Mesh(np.array(devices).reshape(4), ("data",))):
+        assert platform.target_platform() == "tpu"
+        assert not platform.cpu_kernels()  # nothing CPU-specific is traced for a TPU
