@@ -135,7 +135,8 @@ def config_changes(old: dict, new: dict, stage_name: str) -> list:
     the `compare` grid are left out)."""
     def relevant(c):
         c = dict(c or {})
-        c.pop("compare", None)
+        for key in ("compare", "stage_order"):  # the grid, and which stages run: not this one
+            c.pop(key, None)
         stages = dict(c.pop("stages", {}) or {})
         c["stages"] = {stage_name: stages.get(stage_name)}
         return c

@@ -20,7 +20,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sptlib.errors import CheckpointDigestError, IncompatibleCheckpointError, NoCheckpointError
+from sptlib.errors import (CheckpointDigestError, CheckpointError, IncompatibleCheckpointError,
+                           NoCheckpointError)
 from sptlib.train import digest as digest_lib
 from sptlib.train.checkpoint import CHECKPOINTS_DIR
 from sptlib.train.checkpoint_io import _flat, absolute, saved_tree, to_host
@@ -156,10 +157,17 @@ def load_pretrained(step_dir, params, model_state=None, *, dont_load: Sequence[s
     item = {coll: unflat(items, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                                sharding=x.sharding))
             for coll, items in load_items.items()}
-    with ocp.PyTreeCheckpointer() as ckptr:
-        restored = ckptr.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-            partial_restore=True))
+    try:
+        with ocp.PyTreeCheckpointer() as ckptr:
+            restored = ckptr.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                partial_restore=True))
+    except Exception as e:  # pylint: disable=broad-except
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"init_from: cannot read {step_dir / 'state'} ({type(e).__name__}: "
+                              f"{first}); the checkpoint's files are damaged. Rerun the stage "
+                              f"that wrote it, or point init_from / init_checkpoint at another "
+                              f"checkpoint.") from None
 
     out = {}
     for coll, target in targets.items():

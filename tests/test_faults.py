@@ -1,0 +1,512 @@
+"""Faults around a run, table-driven: every row damages real files (or kills a real process)
+and asserts the outcome, either a recovery whose `params_fingerprint` equals the uninterrupted
+run's, or the exact one-line error and its exit status, with nothing lost.
+
+Rows append `{"group", "case", "outcome"}` to the JSON-lines file named by SPTLIB_FAULTS_LOG;
+`python tests/test_faults.py LOG` then rewrites the faults section of docs/bad_inputs.md from it
+(run the whole table, slow rows included, with `-m "slow or not slow"`).
+"""
+
+import errno
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sptlib import errors, stages
+from sptlib.data import listops
+from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import guards, lock as lock_lib, preflight
+from sptlib.train import results as results_lib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from test_bad_inputs import _config, snapshot, assert_nothing_lost  # noqa: E402
+
+
+def record(group, case, outcome):
+    log = os.environ.get("SPTLIB_FAULTS_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"group": group, "case": case, "outcome": outcome}) + "\n")
+
+
+def expect_error(group, case, fn, kind, needle, code=2):
+    """Runs `fn`; asserts it raises `kind` with `needle` in its one line and exit `code`."""
+    with pytest.raises(errors.SptlibError) as e:
+        fn()
+    line = errors.one_line(e.value)
+    assert isinstance(e.value, kind), line
+    assert needle in line and "\n" not in line, line
+    assert errors.exit_code(e.value) == code, line
+    record(group, case, f"one line, exit {code}: {line}")
+    return e.value
+
+
+@pytest.fixture(scope="module")
+def lra(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data")
+    listops.generate_release(str(out), num_train=64, num_val=16, num_test=16, min_length=10,
+                             max_length=64)
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished(lra, tmp_path_factory):
+    """An uninterrupted tiny run (scratch, 4 steps, checkpoints at 2 and 4) and its results."""
+    wd = tmp_path_factory.mktemp("ref") / "run"
+    res = stages.run(_config(lra), str(wd))["stages"]["scratch"]
+    return wd, res
+
+
+def _copy(finished, tmp_path, unfinish=True):
+    wd = tmp_path / "run"
+    shutil.copytree(finished[0], wd)
+    if unfinish:  # as if killed after the last checkpoint: the rerun has to restore
+        (wd / "scratch" / "results.json").unlink()
+    return wd
+
+
+def _flip_array_bytes(step_dir, every=0):
+    """Wrong bytes, same size: the largest array data file of the state (zstd-compressed
+    chunks of every array), 8 bytes in its middle inverted, or one byte in each `every`."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    f = max(files, key=lambda p: p.stat().st_size)
+    data = bytearray(f.read_bytes())
+    size = f.stat().st_size
+    spots = range(64, len(data), every) if every else range(len(data) // 2, len(data) // 2 + 8)
+    for i in spots:
+        data[i] ^= 0xFF
+    f.write_bytes(bytes(data))
+    assert f.stat().st_size == size
+
+
+def _recovers(group, case, lra, wd, ref, *, quarantined_type=None):
+    res = stages.run(_config(lra), str(wd))["stages"]["scratch"]
+    assert res.finished and res.params_fingerprint == ref.params_fingerprint
+    assert [h["step"] for h in res.history] == [h["step"] for h in ref.history]
+    assert res.history == ref.history
+    if quarantined_type:
+        q = res.init["quarantined"]
+        assert q and quarantined_type in q[0]["error"], q
+    record(group, case, "HELD: recovered, params_fingerprint equal to the uninterrupted run"
+           + (f" ({res.init['quarantined'][0]['error'][:90]}...)" if quarantined_type else ""))
+    return res
+
+
+# -- checkpoint contents ---------------------------------------------------------------------
+
+def test_wrong_bytes_in_latest_checkpoint_fall_back(finished, lra, tmp_path):
+    wd = _copy(finished, tmp_path)
+    _flip_array_bytes(wd / "scratch" / "checkpoints" / "4")
+    _recovers("checkpoints", "wrong bytes (size unchanged) in an array file of the latest "
+              "checkpoint", lra, wd, finished[1], quarantined_type="CheckpointDigestError")
+    moved = [p.name.split("-")[0] for p in (wd / "scratch" / "checkpoints" / "corrupt").iterdir()]
+    assert moved == ["4"]
+
+
+def test_digest_catches_same_layout_other_values(tmp_path):
+    """Readable files holding other values (a state folder of another step): only the digest
+    can tell; the restore falls back and names the array."""
+    from test_checkpoint import _toy_state, _tree_equal
+    d = tmp_path / "ck"
+    ck = ckpt_lib.StageCheckpointer(d, keep=3, async_saves=False)
+    for s in (10, 20):
+        ck.save(s, _toy_state(s), {"i": s})
+    ck.close()
+    shutil.rmtree(d / "20" / "state")
+    shutil.copytree(d / "10" / "state", d / "20" / "state")
+    ck = ckpt_lib.StageCheckpointer(d, keep=3)
+    state, it, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+    ck.close()
+    assert step == 10 and it == {"i": 10} and _tree_equal(state, _toy_state(10))
+    err = ck.quarantined[0]["error"]
+    assert err.startswith("CheckpointDigestError") and "differs from the digest" in err
+    record("checkpoints", "readable state files of another step in the latest checkpoint",
+           f"HELD: moved aside, fell back to step 10 ({err[:100]}...)")
+
+
+def test_corrupt_metrics_file_falls_back(finished, lra, tmp_path):
+    wd = _copy(finished, tmp_path)
+    (wd / "scratch" / "checkpoints" / "4" / "metrics" / "metrics").write_text('{"loss": 2.3')
+    _recovers("checkpoints", "corrupt metrics/metrics in the latest checkpoint", lra, wd,
+              finished[1], quarantined_type="JSONDecodeError")
+
+
+@pytest.mark.slow
+def test_digest_deleted_is_damage(finished, lra, tmp_path):
+    wd = _copy(finished, tmp_path)
+    shutil.rmtree(wd / "scratch" / "checkpoints" / "4" / "digest")
+    _recovers("checkpoints", "digest item of the latest checkpoint deleted", lra, wd,
+              finished[1], quarantined_type="digest")
+
+
+@pytest.mark.slow
+def test_truncated_history_is_rebuilt_from_the_checkpoint(finished, lra, tmp_path):
+    wd = _copy(finished, tmp_path)
+    hist = wd / "scratch" / "history.json"
+    hist.write_text(hist.read_text()[:25])
+    _recovers("results", "truncated history.json (killed after the last checkpoint)", lra, wd,
+              finished[1])
+    assert (wd / "scratch" / "history.json.bad").exists()
+    assert json.loads(hist.read_text()) == finished[1].history
+
+
+def test_init_from_damaged_pretrain_checkpoint_is_refused(lra, tmp_path):
+    c = _config(lra)
+    c.stage_order = ("pretrain",)
+    p = c.stages.pretrain
+    p.num_steps, p.eval_every, p.checkpoint_every, p.log_every = 2, 2, 2, 2
+    p.batch_size, p.eval_batch_size = 8, 16
+    wd = tmp_path / "wd"
+    stages.run(c, str(wd))
+    _flip_array_bytes(wd / "pretrain" / "checkpoints" / "2", every=512)
+    c.stage_order = ("pretrain", "finetune")
+    f = c.stages.finetune
+    f.num_steps, f.eval_every, f.checkpoint_every, f.log_every = 2, 2, 2, 2
+    f.batch_size, f.eval_batch_size = 8, 16
+    before = snapshot(wd / "pretrain")
+    expect_error("checkpoints", "wrong bytes in the pretraining checkpoint, then init_from",
+                 lambda: stages.run(c, str(wd)), errors.CheckpointError,
+                 "the checkpoint's files are damaged")
+    assert_nothing_lost(before, wd / "pretrain")
+    assert not (wd / "finetune" / "checkpoints").exists() or not any(
+        p.name.isdigit() for p in (wd / "finetune" / "checkpoints").iterdir())
+
+
+# -- divergence ------------------------------------------------------------------------------
+
+def test_divergence_on_the_last_step_is_not_finished(lra, tmp_path):
+    c = _config(lra, num_steps=1, eval_every=1, checkpoint_every=1, log_every=1)
+    c.stages.scratch.optim.update(lr=1e9, warmup_steps=0, schedule="constant")
+    wd = tmp_path / "wd"
+    expect_error("divergence", "optim.lr=1e9, one step (the last step diverges)",
+                 lambda: stages.run(c, str(wd)), errors.NonFiniteLossError,
+                 "diverged: non-finite")
+    res = results_lib.read_stage(wd / "scratch")
+    assert res.status == "diverged" and res.last_good_step is None
+    ck = wd / "scratch" / "checkpoints"
+    assert not [p for p in ck.iterdir() if p.name.isdigit()]
+    assert not json.loads((wd / "results.json").read_text())["complete"]
+
+
+# -- one writer per workdir ------------------------------------------------------------------
+
+_HOLD = ("import sys, time; from sptlib.train import lock; l = lock.WorkdirLock(sys.argv[1])"
+         ".acquire(); print('held', flush=True); time.sleep(120)")
+
+
+def test_second_run_into_a_busy_workdir_is_refused(lra, tmp_path):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(wd)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        expect_error("workdir", "a second run into a workdir another live run holds",
+                     lambda: stages.run(_config(lra), str(wd)), errors.WorkdirBusyError,
+                     f"is in use by another run: pid {holder.pid} on host "
+                     f"{socket.gethostname()}")
+        assert sorted(p.name for p in wd.iterdir()) == [lock_lib.LOCK_FILE]
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died (SIGKILL) without releasing: its lock is stale and is taken over.
+    with lock_lib.WorkdirLock(wd) as lk:
+        assert json.loads(open(lk.path).read())["pid"] == os.getpid()
+    assert not (wd / lock_lib.LOCK_FILE).exists()
+    record("workdir", "a lock left by a SIGKILLed run", "HELD: stale lock taken over (warning "
+           "naming the dead owner)")
+
+
+# -- what a stage was built from -------------------------------------------------------------
+
+def test_finished_stage_with_changed_config_warns_naming_fields(finished, lra, tmp_path,
+                                                                caplog):
+    wd = _copy(finished, tmp_path, unfinish=False)
+    c = _config(lra)
+    c.stages.scratch.optim.lr = 0.5
+    before = snapshot(wd / "scratch")
+    import logging
+    with caplog.at_level(logging.WARNING):
+        res = stages.run(c, str(wd))["stages"]["scratch"]
+    assert res.params_fingerprint == finished[1].params_fingerprint
+    assert "config.stages.scratch.optim.lr=" in caplog.text and "0.5 now" in caplog.text
+    assert_nothing_lost(before, wd / "scratch")
+    record("stages", "finished run, stages.scratch.optim.lr changed", "HELD: kept, warning "
+           "names config.stages.scratch.optim.lr (old then, 0.5 now)")
+
+
+@pytest.mark.slow
+def test_resume_with_changed_config_keeps_the_record(finished, lra, tmp_path):
+    wd = _copy(finished, tmp_path)
+    before = (wd / "scratch" / "config.json").read_text()
+    c = _config(lra)
+    c.stages.scratch.eval_steps = 3
+    stages.run(c, str(wd))
+    assert (wd / "scratch" / "config.json").read_text() == before
+    later = json.loads((wd / "scratch" / "config.step4.json").read_text())
+    assert later["stages"]["scratch"]["eval_steps"] == 3
+    record("stages", "resumed run with a changed config", "HELD: config.json kept, "
+           "config.step4.json records the new one, warning names the fields")
+
+
+@pytest.mark.slow
+def test_extended_upstream_reruns_the_downstream_stage(lra, tmp_path):
+    def cfg(pre_steps):
+        c = _config(lra)
+        c.stage_order = ("pretrain", "finetune")
+        for name, n in (("pretrain", pre_steps), ("finetune", 2)):
+            s = c.stages[name]
+            s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = n, 2, 2, 2
+            s.batch_size, s.eval_batch_size = 8, 16
+        c.stages.finetune.init_checkpoint = "latest"
+        return c
+    wd = tmp_path / "wd"
+    stages.run(cfg(2), str(wd))
+    out = stages.run(cfg(4), str(wd))["stages"]
+    fresh = stages.run(cfg(4), str(tmp_path / "fresh"))["stages"]
+    assert out["finetune"].params_fingerprint == fresh["finetune"].params_fingerprint
+    assert out["finetune"].init["checkpoint"].endswith("pretrain/checkpoints/4")
+    assert list(tmp_path.glob("wd/finetune.stale-*"))
+    record("stages", "upstream stage extended (pretrain 2 -> 4 steps) after the run finished",
+           "HELD: finetune moved to finetune.stale-<time> and rerun; fingerprint equal to a "
+           "fresh run")
+
+
+# -- every fault is one line -------------------------------------------------------------------
+
+def _data_error(group, case, lra, tmp_path, text, needle, kind=errors.DataError):
+    data = tmp_path / "lra"
+    shutil.copytree(lra, data)
+    (data / listops.FOLDER / listops.SPLIT_FILES["train"]).write_bytes(text)
+    return expect_error(group, case, lambda: stages.run(_config(data), str(tmp_path / "wd")),
+                        kind, needle)
+
+
+def test_non_utf8_byte_names_file_and_line(lra, tmp_path):
+    _data_error("data", "non-UTF-8 byte in a TSV", lra, tmp_path,
+                b"Source\tTarget\n( [MAX 2 3 ] )\t3\n( [MAX \xff 3 ] )\t3\n",
+                "basic_train.tsv:3: not UTF-8 text: byte 0xff at column 8")
+
+
+def test_bom_is_accepted(lra, tmp_path):
+    path = tmp_path / "bom.tsv"
+    path.write_bytes(b"\xef\xbb\xbfSource\tTarget\n( [MAX 2 3 ] )\t3\n")
+    tokens, labels = listops.read_split(str(path))
+    assert len(tokens) == 1 and labels.tolist() == [3]
+    path.write_bytes(b"\xef\xbb\xbf( [MAX 2 3 ] )\t3\n")
+    assert listops.read_split(str(path))[1].tolist() == [3]
+    record("data", "UTF-8 BOM at the start of a TSV", "HELD: accepted (header or first row)")
+
+
+def test_empty_lra_dir_is_an_error(lra, tmp_path):
+    c = _config(lra)
+    c.data.lra_dir = ""
+    expect_error("data", "data.lra_dir= (empty)", lambda: stages.run(c, str(tmp_path / "wd")),
+                 errors.ConfigError, "config.data.lra_dir='' is empty")
+    assert not list(pathlib.Path.cwd().glob("listops-1000/.partial*"))
+
+
+@pytest.mark.parametrize("sub", ["scratch", "scratch/checkpoints"])
+def test_stage_path_that_is_a_file(lra, tmp_path, sub):
+    wd = tmp_path / "wd"
+    (wd / sub).parent.mkdir(parents=True, exist_ok=True)
+    (wd / sub).write_text("x")
+    expect_error("workdir", f"{sub} is a file", lambda: stages.run(_config(lra), str(wd)),
+                 errors.ConfigError, f"{wd / sub}: is a file, but stage 'scratch' needs a "
+                 f"folder there")
+
+
+def test_unreachable_remote_workdir(monkeypatch):
+    monkeypatch.setattr(preflight, "REMOTE_TIMEOUT_S", 0.2)
+
+    class Hanging:
+        def __init__(self, *_):
+            pass
+
+        def exists(self):
+            time.sleep(5)
+
+    monkeypatch.setattr(preflight.epath, "Path", Hanging)
+    expect_error("workdir", "gs:// workdir with no network (probe never answers)",
+                 lambda: preflight.check_workdir("gs://nosuchbucket/x"), errors.ConfigError,
+                 "--workdir=gs://nosuchbucket/x: no answer within 0 s")
+
+
+def test_no_space_is_found_before_training(lra, tmp_path, monkeypatch):
+    import collections
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(guards.shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 1 << 20))
+    wd = tmp_path / "wd"
+    expect_error("disk", "disk (nearly) full before training",
+                 lambda: stages.run(_config(lra), str(wd)), errors.WriteError,
+                 "1.0 MiB free there, a checkpoint of this stage needs about")
+    assert not list(wd.rglob("checkpoints/*"))
+
+
+def test_disk_full_during_a_save_is_one_line(finished, lra, tmp_path, monkeypatch):
+    """ENOSPC raised inside orbax's save (as tensorstore reports it): one line naming the file
+    and the free space, exit 2; the earlier checkpoints are untouched."""
+    wd = _copy(finished, tmp_path)
+    shutil.rmtree(wd / "scratch" / "checkpoints" / "4")
+    before = snapshot(wd / "scratch" / "checkpoints")
+    real = ckpt_lib.StageCheckpointer.save
+
+    def full(self, step, *a, **k):
+        raise RuntimeError(f"Error writing {self.directory}/{step}/state/d/0: "
+                           f"[Errno 28] No space left on device")
+    monkeypatch.setattr(ckpt_lib.StageCheckpointer, "save", full)
+    expect_error("disk", "disk full during a checkpoint save",
+                 lambda: stages.run(_config(lra), str(wd)), errors.WriteError,
+                 "No space left on device (errno 28)")
+    monkeypatch.setattr(ckpt_lib.StageCheckpointer, "save", real)
+    assert_nothing_lost(before, wd / "scratch" / "checkpoints")
+    assert errno.ENOSPC == 28
+
+
+# -- real processes ----------------------------------------------------------------------------
+
+def _cli_env():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def _smoke_cmd(lra, wd, *extra):
+    return [sys.executable, "-m", "sptlib.main", "--config=experiments/smoke.py",
+            f"--workdir={wd}", f"--config.data.lra_dir={lra}", "--config.stage_order=scratch",
+            "--config.model.d_model=16", "--config.data.max_length=64",
+            "--config.stages.scratch.num_steps=4", "--config.stages.scratch.eval_every=2",
+            "--config.stages.scratch.checkpoint_every=2", "--config.stages.scratch.log_every=2",
+            "--config.stages.scratch.batch_size=8", "--config.stages.scratch.eval_batch_size=16",
+            *extra]
+
+
+def _last_line(p):
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    return lines[-1]
+
+
+@pytest.mark.slow
+def test_file_size_limit_is_one_line(lra, tmp_path):
+    import resource
+    wd = tmp_path / "wd"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+    p = subprocess.run(_smoke_cmd(lra, wd), cwd=ROOT, env=_cli_env(), capture_output=True,
+                       text=True, timeout=600, preexec_fn=limit)
+    line = _last_line(p)
+    assert p.returncode == 2 and line.startswith("sptlib.main: error: WriteError: "), line
+    assert "file-size limit is 65536 bytes" in line, line
+    record("disk", "ulimit -f 64 (KiB)", f"one line, exit 2: {line}")
+
+
+@pytest.mark.slow
+def test_sigint_checkpoints_and_resumes(finished, lra, tmp_path):
+    wd = tmp_path / "wd"
+    proc = subprocess.Popen(_smoke_cmd(lra, wd, "--config.stages.scratch.num_steps=400",
+                                       "--config.stages.scratch.eval_every=400",
+                                       "--config.stages.scratch.checkpoint_every=400"),
+                            cwd=ROOT, env=_cli_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 400
+        while not (wd / "scratch" / "wall_time.json").exists():
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and lines[-1].startswith("sptlib.main: stopped: "
+                                                           "PreemptedError: [scratch] stopped")
+    assert "(SIGINT)" in lines[-1]
+    steps = [int(p.name) for p in (wd / "scratch" / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps, "a checkpoint of the current step"
+    record("signals", "SIGINT (Ctrl-C) during training", f"HELD: checkpoint saved, exit 130: "
+           f"{lines[-1][:140]}...")
+
+
+@pytest.mark.slow
+def test_compare_workers_die_with_their_parent(lra, tmp_path):
+    """SIGKILL the `compare --jobs=2` parent: its workers get SIGTERM from the kernel and stop
+    (checkpointing); none is left running."""
+    wd = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "sptlib.compare", "--config=experiments/quickstart.py",
+           f"--workdir={wd}", "--jobs=2", f"--config.data.lra_dir={lra}",
+           "--config.data.generate.enabled=True", "--seeds=0,1", "--models=transformer",
+           "--regimes=scratch"]
+    parent = subprocess.Popen(cmd, cwd=ROOT, env=_cli_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    kids = []
+    try:
+        deadline = time.time() + 300
+        while len(kids) < 2 and time.time() < deadline:
+            out = subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True,
+                                 text=True).stdout.split()
+            kids = [int(k) for k in out]
+            time.sleep(0.5)
+        assert len(kids) == 2, "two workers started"
+        time.sleep(3)
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 240
+        alive = kids
+        while alive and time.time() < deadline:
+            alive = [k for k in kids if _alive(k)]
+            time.sleep(0.5)
+        assert not alive, f"orphaned workers {alive}"
+    finally:
+        for k in kids:
+            if _alive(k):
+                os.kill(k, signal.SIGKILL)
+    record("compare", "compare --jobs=2, its parent SIGKILLed", "HELD: both workers stopped "
+           "(PR_SET_PDEATHSIG: SIGTERM), none orphaned; a rerun's run folders are locked")
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+# -- docs ----------------------------------------------------------------------------------------
+
+BEGIN, END = "<!-- faults:begin -->", "<!-- faults:end -->"
+
+
+def write_doc(log, doc=ROOT / "docs" / "bad_inputs.md"):
+    rows = [json.loads(ln) for ln in open(log) if ln.strip()]
+    seen, lines = set(), []
+    for group in dict.fromkeys(r["group"] for r in rows):
+        lines.append(f"\n### {group}")
+        for r in rows:
+            if r["group"] == group and r["case"] not in seen:
+                seen.add(r["case"])
+                lines.append(f"- {r['case']} — {r['outcome']}")
+    text = doc.read_text()
+    section = BEGIN + "\n" + "\n".join(lines).strip() + "\n" + END
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    doc.write_text(text)
+
+
+if __name__ == "__main__":
+    write_doc(sys.argv[1])
