@@ -243,6 +243,11 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                 _write_json(records, workdir, json_name)
                 log(f"[compare] stopped on request during {spec.name}; rerun to resume")
                 raise
+            except errors.WorkdirBusyError as e:
+                # Another live process trains this run (sptlib.train.lock): leave it alone.
+                rec = make_record(spec, load_results(spec.workdir), status="unfinished",
+                                  error=errors.one_line(e), wall_time_s=time.time() - t0)
+                log(f"[compare] SKIPPED {spec.name}: {errors.one_line(e)}")
             except Exception as e:
                 logging.exception("Run %s failed", spec.name)
                 # Any other error: one broken cell must not lose the others.
