@@ -11,7 +11,8 @@ inverse real FFT. C is the already-transformed C~ (the reference folds (I - A^L)
 Block: causal FFT convolution (zero-padded to 2L), D skip, GELU, 1x1 convolution to 2H and GLU.
 
 The initialisation is simplified to S4D-Lin eigenvalues and Gaussian P, B, C (the timing does
-not depend on the values; HiPPO-LegS is what the reference uses). `u` is `[batch, H, length]`.
+not depend on the values; HiPPO-LegS is what the reference uses). `u` is `[batch, H, length]`;
+every tensor the forward pass creates lives on the parameters' device.
 """
 
 import math
@@ -48,7 +49,8 @@ class S4DPLRKernel(nn.Module):
         dt = torch.exp(self.log_dt)
         a = -torch.exp(self.log_a_real) + 1j * self.a_imag                    # [H, N/2]
         p, b, c = (torch.view_as_complex(t) for t in (self.p, self.b, self.c))
-        omega = torch.exp(-2j * math.pi * torch.arange(length // 2 + 1) / length)
+        k = torch.arange(length // 2 + 1, device=dt.device)                   # the block's device
+        omega = torch.exp(-2j * math.pi * k / length)
         z = 2 * (1 - omega) / (1 + omega)
         bp = torch.cat([b, p], dim=0)                                          # [2, H, N/2]
         cq = torch.cat([c, p.conj()], dim=0)                                   # [2, H, N/2]

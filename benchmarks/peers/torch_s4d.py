@@ -5,7 +5,8 @@ Models", 2022), dropout removed.
 Kernel (ZOH, S4D-Lin init): A_n = -exp(log_A_real_n) + i A_imag_n, dt = exp(log_dt),
 K_l = 2 Re sum_n C_n (exp(dt A_n) - 1) / A_n * exp(dt A_n l). Block: causal FFT convolution
 (zero-padded to 2L), D skip, GELU, then a 1x1 convolution to 2H channels and a GLU.
-Layout as the reference: `u` is `[batch, H, length]`.
+Layout as the reference: `u` is `[batch, H, length]`. Every tensor the forward pass creates lives
+on the parameters' device (`S4D(h).to("cuda")` runs on the GPU).
 """
 
 import math
@@ -30,7 +31,8 @@ class S4DKernel(nn.Module):
         a = -torch.exp(self.log_a_real) + 1j * self.a_imag
         dta = a * dt
         c = torch.view_as_complex(self.c) * (torch.exp(dta) - 1.0) / a
-        vander = torch.exp(dta[..., None] * torch.arange(length))        # [H, N/2, L]
+        pos = torch.arange(length, device=dta.device)                     # on the block's device
+        vander = torch.exp(dta[..., None] * pos)                          # [H, N/2, L]
         return 2 * torch.einsum("hn,hnl->hl", c, vander).real
 
 

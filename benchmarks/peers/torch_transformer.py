@@ -35,13 +35,15 @@ class Classifier(nn.Module):
         return self.head(h.mean(dim=1))
 
 
-def make_step(length, batch, seed=0, **sizes):
-    """A closure running one train step on a fixed synthetic batch; returns the loss tensor."""
+def make_step(length, batch, seed=0, device="cpu", **sizes):
+    """A closure running one train step on a fixed synthetic batch on `device`; returns the loss
+    tensor (on `device`: synchronise before reading the clock on a GPU)."""
     torch.manual_seed(seed)
-    model = Classifier(length, **sizes)
+    model = Classifier(length, **sizes).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     x = torch.cat([torch.rand(batch, length, 1) * 2 - 1, torch.zeros(batch, length, 1)], -1)
-    y = torch.randint(0, model.head.out_features, (batch,))
+    x = x.to(device)
+    y = torch.randint(0, model.head.out_features, (batch,)).to(device)
 
     def step():
         loss = nn.functional.cross_entropy(model(x), y)

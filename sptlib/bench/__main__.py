@@ -4,6 +4,11 @@
         [--mixers s4d,attention_chunked] [--memory analysis|rss] [--markdown docs/benchmarks.md]
         [--peer torch]
 
+`--accelerator-report [--tiny]` measures nothing else: the accelerator report of
+`sptlib.bench.accel` (Text Transformer step vs PyTorch at batch 8 / 32 in fp32 / bf16, attention
+kernels, S4D vs PyTorch, the PathX, ListOps and GSS LM steps; TFLOP/s and peak memory per row),
+sized for one GPU in under 8 minutes; `--tiny` runs it at toy sizes (seconds on a CPU).
+
 `--peer torch` adds the side-by-side section (S4D, S4 DPLR, the quickstart Transformer's train
 step against PyTorch reference blocks in benchmarks/peers/, timed interleaved in this process);
 it needs PyTorch (optional, CPU build: `pip install torch==2.13.0`).
@@ -17,12 +22,18 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 
-if __name__ == "__main__":  # before JAX is imported: malloc's tunables need a fresh process
-    from sptlib import hostmem
-    hostmem.reexec_with_malloc_tunables()
+if __name__ == "__main__" and "--accelerator-report" in sys.argv:
+    # Before JAX starts: grow GPU memory on demand and leave PyTorch (same process) a share.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
 
-from sptlib.bench import common, markdown, mixers, peers, pipeline, train_step
+if __name__ == "__main__":  # first: on CPU hosts the process is re-executed (platform kernels)
+    from sptlib.kernels import platform
+    platform.prepare_process()
+
+from sptlib.bench import accel, common, markdown, mixers, peers, pipeline, train_step
 
 SECTIONS = ("mixers", "train", "pipeline", "matmul", "peer")  # peer: only with --peer
 
@@ -101,6 +112,16 @@ def parse_args(argv):
     p.add_argument("--peer-lengths", type=_ints, default=None,
                    help="SSM lengths of the peer rows (default 1024,4096,16384; quick "
                         "1024,4096)")
+    p.add_argument("--accelerator-report", action="store_true",
+                   help="run only the accelerator report (sptlib.bench.accel) and print its "
+                        "tables; with --markdown, into its `accelerator` section")
+    p.add_argument("--tiny", action="store_true",
+                   help="--accelerator-report at toy sizes (a CPU smoke test, seconds)")
+    p.add_argument("--report-budget-s", type=float, default=390.0,
+                   help="--accelerator-report: rows not started within this many seconds are "
+                        "skipped (default 390, so that the report ends in under 8 minutes)")
+    p.add_argument("--report-sections", type=_names, default=accel.SECTIONS,
+                   help=f"--accelerator-report sections, of {accel.SECTIONS}")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -115,6 +136,8 @@ def main(argv=None):
     if bad:
         raise SystemExit(f"--only: unknown sections {bad}; known: {SECTIONS}")
 
+    if args.accelerator_report:
+        return _accelerator_report(args, argv)
     q = args.quick
     if args.peer:
         peers.require(args.peer)  # fail in a second, not after the other sections
@@ -203,6 +226,30 @@ def main(argv=None):
                               machine_end=common.machine_info(),
                               section=args.section or ("quick" if q else "full"))
         markdown.write(args.markdown, block, section=args.section or ("quick" if q else "full"))
+        print(f"# wrote {args.markdown}", file=sys.stderr, flush=True)
+    return 0
+
+
+def _accelerator_report(args, argv):
+    bad = [s for s in args.report_sections if s not in accel.SECTIONS]
+    if bad:
+        raise SystemExit(f"--report-sections: unknown {bad}; known: {accel.SECTIONS}")
+    machine = common.machine_info()
+    print(f"# sptlib.bench --accelerator-report on {machine['backend']} {machine['devices'][:1]}"
+          f"{' (tiny sizes)' if args.tiny else ''}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    records = accel.run(tiny=args.tiny, budget_s=args.report_budget_s,
+                        sections=args.report_sections)
+    tables = accel.render(records, machine)
+    command = "python -m sptlib.bench " + " ".join(
+        shlex.quote(a) for a in argv if not a.startswith("--markdown") and a != args.markdown)
+    print(f"\n{tables}\n({time.perf_counter() - t0:.0f} s)", flush=True)
+    if args.markdown:
+        begin, end = markdown.markers("accelerator")
+        block = "\n".join([begin, "", f"Command: `{command.strip()}`", "",
+                           f"Run: {time.strftime('%Y-%m-%d %H:%M')}, "
+                           f"{time.perf_counter() - t0:.0f} s.", "", tables, end]) + "\n"
+        markdown.write(args.markdown, block, section="accelerator")
         print(f"# wrote {args.markdown}", file=sys.stderr, flush=True)
     return 0
 

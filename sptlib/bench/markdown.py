@@ -232,6 +232,8 @@ def _peer_lines(records):
              ("Ratio = sptlib tokens/s ÷ PyTorch tokens/s. SSM rows: one block, forward+backward "
               "(gradients for parameters and input), batch 8, H 256, N 64, fp32. Transformer "
               "row: the quickstart classifier's whole AdamW train step; plain Flax is the floor. "
+              "Text Transformer row (GPU only): the paper-size pretraining step in bf16 vs "
+              "PyTorch autocast + SDPA. "
               "Reference blocks: `benchmarks/peers/`."), "",
              ("| block | length | sptlib tokens/s | PyTorch tokens/s | ratio | target | "
               "plain Flax tokens/s |"), "|---|---:|---:|---:|---:|---|---:|"]

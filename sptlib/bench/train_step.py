@@ -8,11 +8,19 @@
   shapes. Reports the first step (compile + run) and the median step after it, tokens/s,
   examples/s, the planned peak memory of an equivalent jitted step, and MFU.
 
-Model FLOPs come from XLA's `cost_analysis()` of the loss gradient lowered with the layers
-*unrolled* and no rematerialisation: XLA counts a while-loop body (`nn.scan` over layers) once,
-and recomputation is not model work. The optimizer update is not counted (it is O(params)).
+Model FLOPs are counted on the loss gradient traced with the layers *unrolled* and no
+rematerialisation (XLA counts a while-loop body, `nn.scan` over layers, once; recomputation is not
+model work): by XLA's `cost_analysis()` of the lowered program where the backend offers it (XLA:CPU;
+`flops_method: xla_lowered`), else (GPU and TPU plugins: `Lowered.cost_analysis` is unimplemented
+on PJRT C-API backends, which is why `flops_per_step` came back null on a GPU) by
+`sptlib.train.flops` on the same traced program (matrix products, convolutions and FFTs with every
+loop's trip count; `flops_method: jaxpr`). The optimizer update is not counted (it is O(params)).
+
+Pod presets (a `config.mesh` naming more devices than are present, e.g. `gss_lm.py:pg19`'s 32)
+run with the mesh reduced to data parallelism over the local devices (`mesh_note` says so).
 """
 
+import contextlib
 import importlib.util
 import os
 import time
@@ -25,7 +33,9 @@ import numpy as np
 
 from sptlib import data as data_lib
 from sptlib import models
+from sptlib import meshes
 from sptlib.bench import common
+from sptlib.train import flops as flop_count
 from sptlib.train import setup, sharding
 
 # Targets from the performance issue.
@@ -103,10 +113,16 @@ task_info = data_lib.task_info
 
 
 def synthetic_batch(info, batch_size, length, seed=0):
-    """A batch with the task's fields and shapes (docs/architecture.md, Batches), all real."""
+    """A batch with the task's fields and shapes (docs/architecture.md, Batches), all real.
+
+    Language-model tasks (`num_classes` 0) predict their own next tokens: `label` is 0, as the
+    LM windows (`sptlib.data.lm.WindowSource`) carry it, and the targets are the inputs."""
     rng = np.random.default_rng(seed)
+    n_classes = int(info.get("num_classes") or 0)
+    labels = (rng.integers(0, n_classes, batch_size) if n_classes > 0
+              else np.zeros(batch_size))
     b = {"mask": np.ones((batch_size, length), bool),
-         "label": rng.integers(0, info["num_classes"], batch_size).astype(np.int32),
+         "label": labels.astype(np.int32),
          "example_mask": np.ones((batch_size,), bool)}
 
     def inputs():
@@ -132,17 +148,43 @@ def synthetic_batch(info, batch_size, length, seed=0):
 
 
 def _model_flops(model_cfg, head, objective, variables, batch):
-    """FLOPs of one loss gradient (forward + backward) with unrolled layers, no remat."""
+    """(FLOPs, method) of one loss gradient (forward + backward), unrolled layers, no remat.
+
+    method `xla_lowered` (XLA's count of the lowered program, where the backend implements it)
+    or `jaxpr` (`sptlib.train.flops` on the traced program: every backend). Traced with the jnp
+    reference kernels (`attention.kernel = "reference"`, `SPTLIB_NATIVE=0` while tracing): the
+    platform's fused kernels compute the same function, but as custom calls that neither count
+    sees into."""
     cfg = ml_collections.ConfigDict(model_cfg.to_dict())
     cfg.scan_layers = False
     cfg.remat = False
+    if "kernel" in cfg.get("attention", {}):
+        cfg.attention.kernel = "reference"
+    with _reference_kernels():
+        return _count_grad_flops(cfg, head, objective, batch)
+
+
+@contextlib.contextmanager
+def _reference_kernels():
+    """`SPTLIB_NATIVE=0` for a trace: the CPU kernels' jnp references are traced instead."""
+    old = os.environ.get("SPTLIB_NATIVE")
+    os.environ["SPTLIB_NATIVE"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SPTLIB_NATIVE", None)
+        else:
+            os.environ["SPTLIB_NATIVE"] = old
+
+
+def _count_grad_flops(cfg, head, objective, batch):
     model = models.build_model(cfg, head)
     abstract = jax.eval_shape(lambda: model.init(
         {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}, deterministic=True,
         **_init_kwargs(objective, batch)))
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                             _unbox(abstract))
-    del variables
 
     def grad(v, batch, rng):
         def loss(params):
@@ -150,9 +192,44 @@ def _model_flops(model_cfg, head, objective, variables, batch):
             return out[0]
         return jax.grad(loss)(v["params"])
 
-    lowered = jax.jit(grad).lower(abstract, jax.tree.map(jnp.asarray, batch),
-                                  jax.random.PRNGKey(0))
-    return common.cost_flops(lowered)
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)
+    traced = jax.jit(grad).trace(abstract, batch, jax.random.PRNGKey(0))
+    try:
+        xla = common.cost_flops(traced.lower())
+    except Exception:  # noqa: BLE001 - e.g. a backend without the lowered cost analysis
+        xla = None
+    if xla:
+        return xla, "xla_lowered"
+    counted = flop_count.jaxpr_flops(traced.jaxpr.jaxpr)
+    return (counted or None), "jaxpr"
+
+
+def fit_mesh(config, num_devices=None):
+    """Reduces a `config.mesh` that needs more devices than present to data parallelism over the
+    local ones (in place). Returns a note saying so, or None when the mesh fits."""
+    n = jax.device_count() if num_devices is None else num_devices
+    try:
+        meshes.resolve_axis_sizes(config.mesh, n)
+        return None
+    except ValueError:
+        old = ", ".join(f"{k}={int(config.mesh[k])}" for k in ("data", "fsdp", "tensor",
+                                                                "dcn_data", "dcn_fsdp")
+                        if k in config.mesh and int(config.mesh[k]) != 1)
+        with config.unlocked():
+            config.mesh.update(data=-1, fsdp=1, tensor=1, dcn_data=1, dcn_fsdp=1)
+        return f"mesh ({old}) reduced to data parallelism over the {n} local device(s)"
+
+
+def apply_overrides(config, overrides):
+    """Sets dotted config fields in place, e.g. `{"model.dtype": "bfloat16"}`."""
+    with config.unlocked():
+        for key, value in (overrides or {}).items():
+            *path, leaf = key.split(".")
+            node = config
+            for part in path:
+                node = node[part]
+            node[leaf] = value
+    return config
 
 
 def _unbox(tree):
@@ -164,13 +241,20 @@ def _init_kwargs(objective, batch):
     return objective.init_inputs(example)
 
 
-def prepare(spec, *, max_tokens=8192, max_length=0, stage_name=None):
+def prepare(spec, *, max_tokens=8192, max_length=0, stage_name=None, overrides=None,
+            batch_size=None, transform=None):
     """Everything one train step of a config needs, built as `sptlib.train.loop` builds it.
 
-    Batch: the stage's batch size, reduced so a step holds at most `max_tokens` tokens (at least
-    one example). Length: the task's, or `max_length` when smaller.
+    Batch: `batch_size`, or the stage's batch size reduced so a step holds at most `max_tokens`
+    tokens (at least one example); a multiple of the mesh's data axis where the stage's batch
+    allows. Length: the task's, or `max_length` when smaller. `overrides`: dotted config fields
+    (`apply_overrides`); `transform(config)` may change it further in place (e.g.
+    `sptlib.configs.testing.tiny`). A mesh larger than the local devices is reduced (`fit_mesh`).
     """
-    config = load_config(spec)
+    config = apply_overrides(load_config(spec), overrides)
+    if transform is not None:
+        transform(config)
+    mesh_note = fit_mesh(config)
     stage_name = stage_name or config.stage_order[0]
     stage = config.stages[stage_name]
     info = task_info(config.data)
@@ -178,13 +262,18 @@ def prepare(spec, *, max_tokens=8192, max_length=0, stage_name=None):
     length = min(real_length, max_length) if max_length else real_length
     info["max_length"] = length
     per_example = length * (2 if info.get("pair") else 1)
-    batch_size = int(max(1, min(stage.batch_size, max_tokens // per_example)))
-    batch = synthetic_batch(info, batch_size, length)
+    if batch_size is None:
+        batch_size = int(max(1, min(stage.batch_size, max_tokens // per_example)))
+        data = int(meshes.resolve_axis_sizes(config.mesh, jax.device_count())["data"])
+        if batch_size > data and stage.batch_size >= data:
+            batch_size -= batch_size % data
+    batch = synthetic_batch(info, int(batch_size), length)
     built = setup.build_stage(config, stage_name, example_batch=batch, info=info)
     return {"config": config, "stage_name": stage_name, "stage": stage, "info": info,
             "batch": batch, "real_length": real_length, "length": length,
-            "per_example": per_example, "batch_size": batch_size, "built": built,
-            "gbatch": sharding.shard_batch(batch, built.mesh, built.rules)}
+            "per_example": per_example, "batch_size": int(batch_size), "built": built,
+            "gbatch": sharding.shard_batch(batch, built.mesh, built.rules),
+            "mesh_note": mesh_note}
 
 
 def step_closure(prepared):
@@ -234,9 +323,9 @@ def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=
         loss = float(np.asarray(loss))
 
     try:
-        flops = _model_flops(model_cfg, head, objective, state.params, batch)
-    except Exception:  # noqa: BLE001 - FLOPs are a report extra, never fatal
-        flops = None
+        flops, flops_method = _model_flops(model_cfg, head, objective, state.params, batch)
+    except Exception as e:  # noqa: BLE001 - FLOPs are a report extra, never fatal
+        flops, flops_method = None, f"failed: {type(e).__name__}: {str(e)[:120]}"
     tokens = batch_size * per_example
     rec = {"name": f"train/{spec}", "kind": "train_step", "length": length,
            "real_length": real_length, "batch": batch_size, "stage_batch": int(stage.batch_size),
@@ -246,10 +335,15 @@ def bench_config(spec, *, max_tokens=8192, max_length=0, repeats=3, max_seconds=
            "examples_per_s": batch_size / step_s, "cpu_seconds": float(np.median(cpus)),
            "first_step_s": round(first_s, 3),
            "compile_s": round(max(first_s - step_s, 0.0), 3), "repeats": len(times),
-           "flops_per_step": flops, "loss": loss, "peak_bytes": None,
+           "flops_per_step": flops, "flops_method": flops_method, "loss": loss,
+           "peak_bytes": None, "backend": jax.default_backend(),
            "memory_method": "not measured (donated state; see mixer records)"}
-    if length < real_length:
-        rec["note"] = f"length reduced from {real_length} to {length}"
+    notes = [f"length reduced from {real_length} to {length}"] if length < real_length else []
+    if p["mesh_note"]:
+        rec["mesh_note"] = p["mesh_note"]
+        notes.append(p["mesh_note"])
+    if notes:
+        rec["note"] = "; ".join(notes)
     if flops and peak_flops:
         rec["mfu"] = round(flops / step_s / peak_flops, 4)
         rec["achieved_gflops_per_s"] = round(flops / step_s / 1e9, 2)
