@@ -168,6 +168,8 @@ def write_error(e: OSError, path=None) -> "WriteError":
     space of its file system; a file-size limit: with the limit)."""
     import errno
     where = path or getattr(e, "filename", None) or "?"
+    if path and not getattr(e, "filename", None) and "." not in os.path.basename(str(path)):
+        where = f"a file under {path}"
     reason = e.strerror or str(e)
     hint = ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -204,10 +206,11 @@ def _fsize_limit() -> str:
 WRITE_ERRNOS = (28, 122, 27, 30)  # ENOSPC, EDQUOT, EFBIG, EROFS
 
 
-def find_write_error(e: BaseException):
+def find_write_error(e: BaseException, where=None):
     """The disk-full / file-size / read-only `OSError` in `e`'s chain (orbax and tensorstore
     wrap it), as a `WriteError`; None when there is none. Messages of wrapped errors that only
-    carry the text ("No space left on device") are recognised too."""
+    carry the text ("No space left on device") are recognised too. `where` names the folder
+    written to when the error does not name its file."""
     import errno
     seen = set()
     while e is not None and id(e) not in seen:
@@ -215,14 +218,14 @@ def find_write_error(e: BaseException):
         if isinstance(e, WriteError):
             return e
         if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
-            return write_error(e)
+            return write_error(e, None if e.filename else where)
         text = str(e)
         for code, needle in ((errno.ENOSPC, "No space left on device"),
                              (errno.EFBIG, "File too large"),
                              (errno.EROFS, "Read-only file system")):
             if needle in text:
                 found = re.search(r"(/[^\s'\"\]\[]+)", text)
-                return write_error(OSError(code, needle), found.group(1) if found else None)
+                return write_error(OSError(code, needle), found.group(1) if found else where)
         e = e.__cause__ or e.__context__
     return None
 

@@ -249,13 +249,14 @@ def test_resume_with_changed_config_keeps_the_record(finished, lra, tmp_path):
     wd = _copy(finished, tmp_path)
     before = (wd / "scratch" / "config.json").read_text()
     c = _config(lra)
-    c.stages.scratch.eval_steps = 3
+    c.stages.scratch.optim.lr = 0.5  # the resume has no step left: only the record changes
     stages.run(c, str(wd))
     assert (wd / "scratch" / "config.json").read_text() == before
     later = json.loads((wd / "scratch" / "config.step4.json").read_text())
-    assert later["stages"]["scratch"]["eval_steps"] == 3
-    record("stages", "resumed run with a changed config", "HELD: config.json kept, "
-           "config.step4.json records the new one, warning names the fields")
+    assert later["stages"]["scratch"]["optim"]["lr"] == 0.5
+    assert json.loads(before)["stages"]["scratch"]["optim"]["lr"] != 0.5
+    record("stages", "resumed run with a changed stages.scratch.optim.lr", "HELD: config.json "
+           "kept, config.step4.json records the new one, warning names the fields")
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ checkpoint left to resume holds a diverged state, and a diverged run is never "f
 import dataclasses
 import math
 import signal
+import sys
 import time
 
 from absl import logging
@@ -71,7 +72,7 @@ def train_stage(config, stage_name: str, workdir) -> StageResults:
     except errors.SptlibError:
         raise
     except Exception as e:  # disk full / ulimit -f, however orbax or TensorFlow wrapped it
-        found = errors.find_write_error(e)
+        found = errors.find_write_error(e, ckpt_lib.absolute(workdir) / stage_name)
         if found is None:
             raise
         raise found from e
@@ -134,8 +135,8 @@ def _train_stage(config, stage_name, workdir):
         except Exception:  # pylint: disable=broad-except
             if not failed:
                 raise  # e.g. the last async save hit a full disk
-            logging.warning("[%s] closing the checkpointer after an error failed too.",
-                            stage_name, exc_info=True)
+            logging.warning("[%s] closing the checkpointer after an error failed too (%s).",
+                            stage_name, errors.one_line(sys.exc_info()[1]))
 
 
 def restore(built: setup.Stage, ckpt, train_iter, workdir):
@@ -243,6 +244,8 @@ class _Run:
         history = self._read_record(self.history_path, "history" in extra)
         if history is None:
             history = extra.get("history", [])
+            if history:
+                _write_json(self.history_path, history)
         self.history = [h for h in history if h["step"] <= self.step]
 
     def _read_record(self, path, rebuildable):
