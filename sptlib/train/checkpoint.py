@@ -106,8 +106,11 @@ class StageCheckpointer:
     def _check_metrics_files(self):
         """Moves aside every step whose metrics file is unreadable or differs from its digest
         (orbax would stop on it with a JSONDecodeError before anything could fall back)."""
-        if "://" not in str(self.directory) and not self.directory.is_dir():
-            return
+        try:
+            if not self.directory.is_dir():
+                return
+        except Exception:  # pylint: disable=broad-except
+            return  # an unreachable object store: the manager reports it
         for step_dir in sorted(self.directory.iterdir(), key=lambda p: p.name):
             if not step_dir.name.isdigit() or not step_dir.is_dir():
                 continue
