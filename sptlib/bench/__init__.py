@@ -8,7 +8,10 @@ Modules:
   train_step fp32 matmul peak, train steps of the experiment configs (tokens/s, compile, MFU);
   pipeline  input-pipeline examples/s against the train step's;
   markdown  Markdown tables for docs/benchmarks.md;
-  peers     side by side with the PyTorch reference blocks (`--peer torch`).
+  peers     side by side with the PyTorch reference blocks (`--peer torch`), on the accelerator
+            JAX runs on;
+  accel     the accelerator report (`--accelerator-report [--tiny]`): Text Transformer step vs
+            PyTorch, attention kernels, S4D, PathX / ListOps / GSS LM steps, TFLOP/s and memory.
 
 Results: docs/benchmarks.md.
 """

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-if __name__ == "__main__" and "--accelerator-report" in sys.argv:
+if __name__ == "__main__" and {"--accelerator-report", "--peer"} & set(sys.argv):
     # Before JAX starts: grow GPU memory on demand and leave PyTorch (same process) a share.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
