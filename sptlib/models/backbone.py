@@ -21,12 +21,19 @@ optionally rematerialised per layer — on CPU this cut a Transformer step at L=
 from typing import Any, Tuple
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from sptlib.layers import get_mixer
 from sptlib.layers.blocks import BlockConfig, Norm, ResidualBlock
 
 ACTIVATION_AXES = ("batch", "length", "embed")
+# What a rematerialised layer keeps for its backward pass (`model.remat_policy`): full = only
+# the layer's input (everything recomputed); dots = also the outputs of matmuls without batch
+# dimensions (the dense projections: cheap to keep, expensive to recompute), so the backward
+# recomputes only elementwise ops, norms and attention.
+REMAT_POLICIES = {"full": None,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 def _constrain(x):
@@ -97,6 +104,7 @@ class Backbone(nn.Module):
       scan_layers: run a stack of identical layers with `nn.scan` (parameters get a leading
         `layers` axis, logical name ``layers``).
       remat: rematerialise each layer in the backward pass.
+      remat_policy: what a rematerialised layer saves (`REMAT_POLICIES`).
       bypass_mixers: every mixer outputs zeros (a per-token network; see the module docstring).
       scan_unroll: layers per iteration of the scanned loop (`lax.scan`'s `unroll`; the
         parameters, their layout and the random streams do not change with it). On XLA:CPU a
@@ -110,15 +118,21 @@ class Backbone(nn.Module):
     remat: bool = False
     bypass_mixers: bool = False
     scan_unroll: int = 1
+    remat_policy: str = "full"
 
     @nn.compact
     def __call__(self, x, mask=None, *, deterministic=True):
         x = _constrain(x)
         if not isinstance(self.scan_unroll, int) or self.scan_unroll < 1:
             raise ValueError(f"model.scan_unroll must be an integer >= 1, got {self.scan_unroll!r}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"model.remat_policy {self.remat_policy!r} not in "
+                             f"{tuple(REMAT_POLICIES)}")
+        policy = REMAT_POLICIES[self.remat_policy]
         identical = len(set(self.layers)) == 1
         if self.scan_layers and identical and len(self.layers) > 1:
-            cls = nn.remat(_ScanLayer, prevent_cse=False) if self.remat else _ScanLayer
+            cls = (nn.remat(_ScanLayer, prevent_cse=False, policy=policy) if self.remat
+                   else _ScanLayer)
             scanned = nn.scan(cls, variable_axes={"params": 0, "batch_stats": 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=nn.broadcast, length=len(self.layers),
@@ -128,7 +142,7 @@ class Backbone(nn.Module):
             x, _ = scanned(mixer, options, self.config, self.bypass_mixers, deterministic,
                            name="layers")(x, mask)
         else:
-            cls = nn.remat(Layer, static_argnums=(3,)) if self.remat else Layer
+            cls = nn.remat(Layer, static_argnums=(3,), policy=policy) if self.remat else Layer
             for i, (mixer, options) in enumerate(self.layers):
                 x = cls(mixer, options, self.config, self.bypass_mixers, name=f"layer_{i}")(
                     x, mask, deterministic)

@@ -153,7 +153,7 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
         # `bypass_mixers` (set per stage by `stages.<s>.bypass_mixers`): a per-token network.
         backbone = Backbone(layer_specs(c), block_config(c), c.get("scan_layers", True),
                             c.get("remat", False), bool(c.get("bypass_mixers", False)),
-                            c.get("scan_unroll", 1))
+                            c.get("scan_unroll", 1), c.get("remat_policy", "full"))
     kind = h.get("kind")
     pooling = h.get("pooling", c.pooling)
     if kind == "classify":

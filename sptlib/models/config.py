@@ -48,6 +48,9 @@ def model_config():
     # the same parameters; faster on CPU for shallow stacks (sptlib.models.backbone).
     c.scan_unroll = 1
     c.remat = False
+    # What a rematerialised layer keeps: full (its input only) | dots (also its dense layers'
+    # outputs; the backward recomputes only cheap ops): sptlib.models.backbone.REMAT_POLICIES.
+    c.remat_policy = "full"
     # Compute dtype of the matmuls, attention and norms: auto | float32 | bfloat16 | float16.
     # Parameters, optimizer state, the residual stream, softmax statistics, the head, loss and
     # metrics stay float32. auto = bfloat16 where the step runs on TPU or GPU (their matrix
