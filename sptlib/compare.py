@@ -4,10 +4,10 @@ r"""The fair-comparison protocol in one command: models × regimes × seeds → 
     spt-compare --config=experiments/lra.py:image,s4 --workdir=gs://.../image [--config.x=y]
 
 The experiment config names the grid in its `compare` section (`models`, `regimes`, `seeds`,
-`data_fractions`, `length_factors`). Every cell is a complete single-run config made by calling
-the experiment file's `get_config` again with `model=<m>,regime=<r>` added to its argument (see
-`sptlib.configs.common`), then setting `seed` and `data.data_fraction`; `--config.a.b=v`
-overrides apply to every run. Regimes:
+`data_fractions`, `length_factors`, `lrs`: the lr axis, `sptlib.sweeps`). Every cell is a
+complete single-run config made by calling the experiment file's `get_config` again with
+`model=<m>,regime=<r>` added to its argument (see `sptlib.configs.common`), then setting `seed`
+and `data.data_fraction`; `--config.a.b=v` overrides apply to every run. Regimes:
 
   scratch                classification from random init;
   scratch-equal-compute  the same, for pretrain + finetune steps (a control the paper omits);
@@ -50,6 +50,7 @@ from sptlib import hostmem
 from sptlib import lmreport
 from sptlib import logs
 from sptlib import report
+from sptlib import sweeps
 from sptlib.configs import common, presets, variants
 from sptlib.records import is_finished, load_results, make_record
 from sptlib.train import results as results_lib
@@ -63,6 +64,9 @@ _REGIMES = flags.DEFINE_list("regimes", None, "Override config.compare.regimes."
 _SEEDS = flags.DEFINE_list("seeds", None, "Override config.compare.seeds (integers).")
 _FRACTIONS = flags.DEFINE_list(
     "data_fractions", None, "Override config.compare.data_fractions (nested training subsets).")
+_LRS = flags.DEFINE_list(
+    "lrs", None, "Override config.compare.lrs: train every cell at each learning rate and report "
+    "each (model, regime) at the one chosen on validation (sptlib.sweeps).")
 _RAND_INIT = flags.DEFINE_bool(
     "rand_init", False, "Also run every SSM model with random (unstructured) state-space init "
     "(model name + '-randinit'), the paper's structured-vs-random ablation.")
@@ -95,11 +99,13 @@ class RunSpec:
     data_fraction: float
     config: ml_collections.ConfigDict
     workdir: str
+    lr: float | None = None  # the lr axis (sptlib.sweeps); None: the config's own lr
 
     @property
     def name(self) -> str:
         frac = "" if self.data_fraction == 1.0 else f" frac={self.data_fraction:g}"
-        return f"{self.model}/{self.regime}/seed{self.seed}{frac}"
+        lr = "" if self.lr is None else f" lr={self.lr:g}"
+        return f"{self.model}/{self.regime}/seed{self.seed}{frac}{lr}"
 
 
 def run_dir(root: str, model: str, regime: str, seed: int, data_fraction: float = 1.0) -> str:
@@ -120,7 +126,7 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
            workdir: str, models: Sequence[str] | None = None,
            regimes: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
            data_fractions: Sequence[float] | None = None,
-           rand_init: bool = False) -> tuple[ml_collections.ConfigDict, list[RunSpec]]:
+           rand_init: bool = False, lrs: Sequence[float] | None = None) -> tuple[ml_collections.ConfigDict, list[RunSpec]]:
     """Expands `path.py[:arg]` into one RunSpec per model × regime × data fraction × seed.
 
     Args:
@@ -130,6 +136,7 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
       workdir: root of the comparison.
       models, regimes, seeds, data_fractions: override the config's `compare` section.
       rand_init: add `<model>-randinit` for every model that has a random-init variant.
+      lrs: learning rates of the lr axis (default config.compare.lrs; none: no axis).
 
     Returns:
       (the base config, the run specs in execution order: seed-major, so that an interrupted
@@ -176,7 +183,8 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
                 cfg.seed = seed
                 cfg.data.data_fraction = frac
                 specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
-    return base, specs
+    lrs = lrs if lrs is not None else tuple(comp.get("lrs", ()) or ())
+    return base, sweeps.expand_lrs(specs, [float(x) for x in lrs])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,6 +236,8 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
             done += 1
             log(f"[compare] ({done}/{len(todo)}) {spec.name} -> {spec.workdir}")
             epath.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
+            if sweeps.share_pretrain(spec, specs, is_finished):
+                log(f"[compare] {spec.name}: pretrain shared with another lr's run")
             t0 = time.time()
             try:
                 run_fn(spec.config, spec.workdir)
@@ -256,6 +266,8 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                                   wall_time_s=time.time() - t0)
                 (epath.Path(spec.workdir) / "error.txt").write_text(traceback.format_exc())
                 log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
+        if spec.lr is not None:
+            rec["lr"] = spec.lr
         if length_factors and rec["status"] == "finished" and lmreport.is_lm(spec.config):
             # Causal LMs: bits per token at each factor on the same text (sptlib.lmeval).
             rec["lm"] = lmreport.lm_record(spec.config, spec.workdir, length_factors,
@@ -348,13 +360,14 @@ def _main():
     seeds = parse_numbers("seeds", _SEEDS.value, int, low=0)
     fractions = parse_numbers("data_fractions", _FRACTIONS.value, low=0, high=1, low_open=True)
     factors = parse_numbers("length_factors", _LENGTH.value, low=0, low_open=True)
+    lrs = parse_numbers("lrs", _LRS.value, low=0, low_open=True)
     shard = parse_shard(_SHARD.value)
     filename = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     base, specs = expand(
         filename, overrides, workdir=_WORKDIR.value, models=_MODELS.value,
         regimes=_REGIMES.value, seeds=seeds, data_fractions=fractions,
-        rand_init=_RAND_INIT.value)
+        rand_init=_RAND_INIT.value, lrs=lrs)
     if factors is None:
         factors = parse_numbers("config.compare.length_factors",
                                 [str(f) for f in base.compare.length_factors] or None,

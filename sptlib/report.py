@@ -4,7 +4,9 @@ Input is the list of per-run records `sptlib.compare` writes to `comparison.json
 at least `model`, `regime`, `seed`, `data_fraction`, `status`, `test_accuracy`, `val_accuracy`
 (fractions in [0, 1]), `stages` (per stage: steps, wall_time_s) and optionally `curve`
 (validation accuracy of the classification stage: `{"step": [...], "accuracy": [...]}`) and
-`pretrain_steps`. Accuracies are printed in percent.
+`pretrain_steps`. Accuracies are printed in percent. Records with an `lr` (the lr axis of
+`sptlib.sweeps`) are reduced to the lr chosen on validation per cell before anything is shown, and
+a section lists each lr's validation accuracy and the choice.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
-from sptlib import learning_curves, lmreport, stats
+from sptlib import learning_curves, lmreport, stats, sweeps
 from sptlib.configs.paper import REGIMES
 from sptlib.records import finished as _ok, group  # noqa: F401 (group: public here too)
 
@@ -277,11 +279,23 @@ def _save(fig, path):
     epath.Path(path).write_bytes(buf.getvalue())
 
 
+def lr_selected(records) -> tuple[list[dict], list[dict]]:
+    """`sweeps.select` plus the unfinished runs of every lr (so none goes unreported)."""
+    shown, rows = sweeps.select(records)
+    if rows:
+        ids = {id(r) for r in shown}
+        shown += [r for r in records if r.get("status") != "finished" and id(r) not in ids]
+    return shown, rows
+
+
 def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     """Writes `comparison.md`, `accuracy.png` and `curves.png` (+ one pair per extra data
     fraction), and `denoising.png` where runs pretrained, under `workdir`; returns {name: path}."""
     out = {"markdown": os.path.join(workdir, "comparison.md")}
+    records, lr_rows = lr_selected(records)
     text = markdown(records, title)
+    if lr_rows:
+        text += "\n" + "\n".join(sweeps.markdown(lr_rows))
     # causal LM runs: length generalisation, equal compute; then the learning curves
     extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records)) if t]
     epath.Path(out["markdown"]).write_text("\n".join([text, *extra]))

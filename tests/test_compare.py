@@ -281,3 +281,122 @@ def test_length_cache_never_stores_an_empty_result(experiment, tmp_path):
                                         length_eval_fn=refuse, log=lambda s: None)
     assert records[0]["length_generalization"] == {}
     assert not os.path.exists(os.path.join(specs[0].workdir, "length_generalization.json"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The learning-rate axis (sptlib.sweeps).
+
+_LR_EXPERIMENT = _EXPERIMENT.replace(
+    'c.stages = {n: dict(num_steps=10, objective=dict(kind=k)) for n, k in',
+    'c.stages = {n: dict(num_steps=10, objective=dict(kind=k),\n'
+    '                         optim=dict(lr=2e-3, ssm_lr=1e-3)) for n, k in').replace(
+    'seeds=(0, 1, 2), title="fake")',
+    'seeds=(0, 1, 2), title="fake")\n    c.compare.lrs = (1e-3, 3e-3, 1e-2)')
+
+# Per lr: validation accuracy favours 3e-3, test accuracy favours 1e-2 (a choice on test would
+# pick 1e-2).
+LR_VAL = {1e-3: 0.60, 3e-3: 0.70, 1e-2: 0.65}
+LR_TEST = {1e-3: 0.61, 3e-3: 0.66, 1e-2: 0.90}
+
+
+class LrTrainer:
+    """Like the real trainer: a stage whose results.json says finished is not trained again."""
+
+    def __init__(self, test=LR_TEST):
+        self.trained, self.test = [], test
+
+    def __call__(self, config, workdir):
+        lr = config.stages.finetune.optim.lr if "finetune" in config.stage_order else \
+            config.stages.scratch.optim.lr
+        lr = min(LR_VAL, key=lambda x: abs(x - lr))
+        for stage in config.stage_order:
+            d = os.path.join(workdir, stage)
+            if os.path.exists(os.path.join(d, "results.json")):
+                continue
+            self.trained.append((config.model.name, stage, config.seed, lr))
+            os.makedirs(d, exist_ok=True)
+            val = LR_VAL[lr] + 0.01 * config.seed
+            res = {"stage": stage, "status": "finished", "final_step": 10, "best_step": 10,
+                   "validation": {"best": {"accuracy": val}},
+                   "test": {"best": {"accuracy": self.test[lr] + 0.01 * config.seed}},
+                   "wall_time_s": 1.0, "history": [{"step": 10, "accuracy": val}]}
+            with open(os.path.join(d, "results.json"), "w") as f:
+                json.dump(res, f)
+        return {}
+
+
+@pytest.fixture
+def lr_experiment(tmp_path):
+    path = tmp_path / "lr_experiment.py"
+    path.write_text(_LR_EXPERIMENT)
+    return str(path)
+
+
+def test_lr_axis_expands_every_cell_and_sets_only_classification_lrs(lr_experiment, tmp_path):
+    wd = str(tmp_path / "w")
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd, seeds=[0])
+    assert len(specs) == 2 * 2 * 3
+    assert [s.lr for s in specs[:3]] == [1e-3, 3e-3, 1e-2]  # lr innermost
+    spt = [s for s in specs if s.model == "m1" and s.regime == "spt-masked"]
+    assert [s.workdir for s in spt] == [os.path.join(wd, "m1", f"spt-masked-lr{lr}", "seed0")
+                                        for lr in ("0.001", "0.003", "0.01")]
+    assert spt[2].name == "m1/spt-masked/seed0 lr=0.01"
+    st = spt[2].config.stages
+    assert st.finetune.optim.lr == 1e-2 and st.finetune.optim.ssm_lr == pytest.approx(5e-3)
+    assert st.pretrain.optim.lr == 2e-3  # denoising keeps the recipe's lr
+    # --lrs replaces the config's axis; lrs=[] turns it off (the plain directory layout).
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd, seeds=[0], lrs=[5e-4])
+    assert {s.lr for s in specs} == {5e-4}
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd, seeds=[0], lrs=[])
+    assert {s.lr for s in specs} == {None}
+    assert specs[0].workdir == os.path.join(wd, "m1", "scratch", "seed0")
+
+
+def test_lr_is_chosen_on_validation_and_test_never_enters(lr_experiment, tmp_path):
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd)
+    trainer = LrTrainer()
+    records, paths = compare.run_comparison(specs, wd, run_fn=trainer, log=lambda s: None)
+    assert len(records) == 36 and all(r["lr"] in LR_VAL for r in records)
+    # One pretraining per (model, seed): the other lrs' SPT cells link it.
+    pretrains = [t for t in trainer.trained if t[1] == "pretrain"]
+    assert len(pretrains) == 2 * 3
+    link = os.path.join(wd, "m1", "spt-masked-lr0.01", "seed1", "pretrain")
+    assert os.path.islink(link) and os.path.samefile(
+        link, os.path.join(wd, "m1", "spt-masked-lr0.001", "seed1", "pretrain"))
+    md = open(paths["markdown"]).read()
+    # Test accuracy at the validation-chosen lr 3e-3: 66, 67, 68 -> 67.0 (not 1e-2's 91.0).
+    assert "| m1 | 67.0 ± 2.5 (3) | 67.0 ± 2.5 (3) |" in md
+    assert "## Learning rate chosen on validation" in md
+    assert "| m1 | spt-masked | 61.0 (3) | **71.0 (3)** | 66.0 (3) | 0.003 |" in md
+    _, rows = report.lr_selected(records)
+    assert {row["lr"] for row in rows} == {3e-3}
+
+    # The proof: any test accuracies (here: every lr but the chosen one made the best on test,
+    # or test removed) leave the choice unchanged; changing validation changes it.
+    for test in ({1e-3: 0.99, 3e-3: 0.0, 1e-2: 0.98}, {lr: float("nan") for lr in LR_VAL}):
+        other = [dict(r, test_accuracy=test[r["lr"]]) for r in records]
+        assert {(row["model"], row["regime"], row["lr"])
+                for row in report.lr_selected(other)[1]} == {
+            (row["model"], row["regime"], row["lr"]) for row in rows}
+    flipped = [dict(r, val_accuracy=LR_TEST[r["lr"]]) for r in records]
+    assert {row["lr"] for row in report.lr_selected(flipped)[1]} == {1e-2}
+
+    # A rerun trains nothing (finished cells and linked pretraining stages are skipped).
+    again = LrTrainer()
+    compare.run_comparison(specs, wd, run_fn=again, log=lambda s: None)
+    assert again.trained == []
+
+
+def test_lr_choice_ignores_unfinished_runs_and_reports_them(tmp_path):
+    def rec(lr, seed, val, status="finished"):
+        return {"model": "a", "regime": "scratch", "seed": seed, "lr": lr, "status": status,
+                "data_fraction": 1.0, "test_accuracy": val, "val_accuracy": val,
+                "stages": {"scratch": {"steps": 3}}}
+    records = [rec(1e-3, 0, 0.5), rec(1e-3, 1, 0.52), rec(1e-2, 0, 0.9, status="failed"),
+               rec(1e-2, 1, 0.1)]
+    shown, rows = report.lr_selected(records)
+    assert rows[0]["lr"] == 1e-3 and rows[0]["validation"][1e-2] == (pytest.approx(0.1), 1)
+    assert [r["status"] for r in shown] == ["finished", "finished", "failed"]
+    md = report.markdown(shown)
+    assert "| a | 51.0 ± 12.7 (2) |" in md and "not finished" in md

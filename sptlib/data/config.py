@@ -10,7 +10,7 @@ from sptlib.data import lm
 
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
          "speech_commands", "fashion_mnist", "lines", "code_lm", "pg19", "lm1b",
-         "arxiv")
+         "arxiv", "code_bytes")
 
 
 def data_config():
@@ -18,7 +18,8 @@ def data_config():
     c = ml_collections.ConfigDict()
     # Task: listops | text | retrieval | image | scifar | pathfinder | pathx | pathx256 |
     # speech_commands | fashion_mnist | lines (generated in memory, sptlib/data/lines.py) |
-    # code_lm | pg19 | lm1b | arxiv (causal LM windows, sptlib/data/lm.py).
+    # code_lm | pg19 | lm1b | arxiv (causal LM windows, sptlib/data/lm.py) | code_bytes (which
+    # package a window of Python source is from, sptlib/data/code_bytes.py).
     c.task = "listops"
     # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
     c.lra_dir = "lra_release"
@@ -77,6 +78,32 @@ def data_config():
     c.prefetch_buffer_size = 64
     # Folder with the Fashion-MNIST idx files (Debian package dataset-fashion-mnist).
     c.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist"
+    # fashion_mnist / code_bytes: evaluate on the first this many test examples only (0 = all;
+    # both test sets are in no particular class order). CPU-sized grids use it to cut the cost of
+    # the two final test evaluations per stage.
+    c.test_examples = 0
     # Causal LM tasks (code_lm | pg19 | lm1b): corpus and windows (sptlib.data.lm.lm_config).
     c.lm = lm.lm_config()
+    c.code_bytes = code_bytes_config()
+    return c
+
+
+def code_bytes_config():
+    """`config.data.code_bytes`: the source-code classification task (sptlib/data/code_bytes.py)."""
+    c = ml_collections.ConfigDict()
+    # Import names of the installed packages, one class each (class id = position).
+    c.packages = ("flax", "grain", "jax", "matplotlib", "numpy", "optax", "orbax", "pip",
+                  "scipy", "setuptools")
+    # '' = the installed packages; else a folder with one sub-folder of *.py files per package.
+    c.root = ""
+    # Lines removed at the top of every file (license header, docstring start); import lines
+    # are removed everywhere.
+    c.header_lines = 20
+    # Bytes per window (0 = max_length); the model reads the first max_length bytes of each.
+    c.window = 0
+    # At most this many windows per file (evenly spaced over it).
+    c.max_windows_per_file = 16
+    # Percent of each package's windows (whole files, in path-hash order) in validation / test.
+    c.validation_percent = 15
+    c.test_percent = 15
     return c

@@ -9,6 +9,7 @@ from sptlib.data import lm, tokenizers
 
 # Sequence length when `max_length` is 0 (speech_commands: one second at 16 kHz).
 DEFAULT_LENGTHS = {"listops": 2000, "text": 4096, "retrieval": 4000, "speech_commands": 16000,
+                   "code_bytes": 2048,
                    **{name: lm.DEFAULT_LENGTH for name in lm.LM_TASKS}}
 # Image side when `resolution` is 0; these tasks are resolution x resolution long.
 DEFAULT_RESOLUTIONS = {"pathfinder": 32, "pathx": 128, "pathx256": 256, "lines": 16,
@@ -54,6 +55,10 @@ def task_info(cfg) -> dict:
     if t in lm.LM_TASKS:
         # Causal LMs: bytes, or the SentencePiece model's vocabulary when one is configured.
         return info(t, vocab_size=lm.vocab_size(cfg), num_classes=0, max_length=length,
+                    input_type="tokens")
+    if t == "code_bytes":  # one class per package (sptlib/data/code_bytes.py)
+        return info(t, vocab_size=tokenizers.BYTE_VOCAB_SIZE,
+                    num_classes=len(cfg.code_bytes.packages), max_length=length,
                     input_type="tokens")
     if t in TOKEN_ONLY:
         return info(t, vocab_size=TOKEN_ONLY[t], num_classes=NUM_CLASSES[t], max_length=length,

@@ -2,10 +2,13 @@
 
 Files (gzipped or not) in `/usr/share/datasets/fashion-mnist/`: `train-images-idx3-ubyte`,
 `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`. The last 10% of
-the training set (6,000 images) is the validation split; test is the 10k test set. Images are
-784-long pixel sequences (row-major); resolution 14 average-pools 2x2 blocks (196 long).
+the training set (6,000 images) is the validation split; test is the 10k test set (or its first
+`config.data.test_examples`). Images are 784-long pixel sequences (row-major); resolution 14
+average-pools 2x2 blocks (196 long). Decoded splits are cached per process, so a comparison that
+runs many cells in one process reads and pools the files once.
 """
 
+import functools
 import gzip
 import os
 import struct
@@ -54,7 +57,23 @@ def read_idx(path, data, expected_magic):
 
 
 def load(folder, split, resolution=28):
-    """Returns (uint8 images [n, resolution, resolution], int32 labels [n]) of a split."""
+    """Returns (uint8 images [n, resolution, resolution], int32 labels [n]) of a split (read-only
+    arrays, cached per process: copy before writing)."""
+    return _load(os.path.abspath(folder), split, int(resolution), _signature(folder))
+
+
+def _signature(folder):
+    """(name, size, mtime) of the folder's files: a changed file is read again, not cached."""
+    try:
+        return tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                     for e in sorted(os.scandir(folder), key=lambda e: e.name))
+    except OSError:
+        return ()
+
+
+@functools.lru_cache(maxsize=8)
+def _load(folder, split, resolution, signature):
+    del signature  # only part of the cache key
     if not os.path.isdir(folder):
         raise DataError(f"Fashion-MNIST folder {folder} not found: {INSTALL_HINT}.")
     part = "test" if split == "test" else "train"
@@ -76,6 +95,8 @@ def load(folder, split, resolution=28):
             raise ValueError(f"resolution {resolution} does not divide {images.shape[1]}")
         pooled = images.reshape(len(images), resolution, f, resolution, f).mean(axis=(2, 4))
         images = np.round(pooled).astype(np.uint8)
+    images, labels = np.ascontiguousarray(images), np.ascontiguousarray(labels)
+    images.flags.writeable = labels.flags.writeable = False
     return images, labels
 
 
@@ -90,6 +111,9 @@ def build(cfg):
 
     def read(split):
         images, labels = load(cfg.fashion_mnist_dir, split, res)
+        limit = int(cfg.get("test_examples", 0) or 0)
+        if split == "test" and limit:
+            images, labels = images[:limit], labels[:limit]
         return sources.ArraySource(images.reshape(len(images), -1, 1), labels, cfg.input_type)
 
     # Fail early, with the install hint, if the files are missing.

@@ -13,12 +13,13 @@ importing the modules below fills the registry. Task defaults (LRA / the SPT pap
   fashion_mnist    784 (or 196 at resolution 14), 10       /usr/share/datasets/fashion-mnist/
   lines            R x R (default 16 x 16), 4 classes      generated in memory (lines.py)
   code_lm          causal LM, bytes, windows of 512        Python source of installed packages
+  code_bytes       bytes, 10 classes (packages), 2048      the same sources (code_bytes.py)
   pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (lm.py, lm_task.py)
 Every `Task.info` (and so its sequence length) is `sptlib.data.defaults.task_info(config.data)`.
 """
 
 # Imported for their `register` calls: every task's builder.
-from sptlib.data import aan, cifar, fashion_mnist, lines, listops  # noqa: F401
+from sptlib.data import aan, cifar, code_bytes, fashion_mnist, lines, listops  # noqa: F401
 from sptlib.data import lm_task, pathfinder, speech_commands, text  # noqa: F401
 from sptlib.data.config import TASKS
 from sptlib.data.task import BUILDERS, Task

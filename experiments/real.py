@@ -1,0 +1,98 @@
+r"""The SPT effect on real data, each model at the learning rate chosen on validation.
+
+    python -m sptlib.compare --config=experiments/real.py:fmnist --workdir=runs/real_fmnist --jobs=1
+    python -m sptlib.compare --config=experiments/real.py:fmnist784 --workdir=runs/real_fmnist784
+    python -m sptlib.compare --config=experiments/real.py:code --workdir=runs/real_code --jobs=1
+    python -m sptlib.compare --config=experiments/real.py:code_tf --workdir=runs/real_code_tf
+
+Grids (CPU-sized; the measured tables, their wall times and what they show are in
+docs/reproducing.md, "Real data"):
+
+  fmnist     sequential Fashion-MNIST 14 x 14 (L = 196), the Debian package
+             `dataset-fashion-mnist` (54,000 training images, 6,000 validation, the first
+             `TEST_EXAMPLES` of the 10,000 test images), continuous intensities.
+             Transformer, S4D (+ the bag-of-words control) x scratch / masked SPT (50% of the
+             pixels, L1 on the normalised intensity) / equal-compute scratch x 3 seeds x 3 lrs.
+  fmnist784  the same at 28 x 28 (L = 784), S4D only.
+  code       byte-level source-code classification (`sptlib.data.code_bytes`: which of 10
+             installed packages a 2,048-byte window of a Python file comes from), S4D and bow
+             at L = 2048, masked SPT at 15% of the bytes.
+  code_tf    the same task for the Transformer at the window `CODE_TF_LENGTH` (the longest its
+             budget allowed).
+
+Every model: 2 layers, d = 64 (Transformer 4 heads, FFN x 2, sinusoidal positions), PyTorch's
+initialisation of the dense projections, AdamW (warmup, cosine, weight decay 0.01; SSM
+parameters at half the lr without decay), batch 32 (code: 16). Each lr of `LRS` sets the
+classification stages' lr (scratch, finetuning; `sptlib.sweeps`); the denoising stage runs at
+the recipe's 2e-3 and is shared by a seed's three SPT cells. Validation every 100 steps on the
+first `EVAL_STEPS` x 256 validation examples picks the best checkpoint and, averaged over seeds,
+the lr; test accuracy is that of the best checkpoint.
+
+    get_config("[grid][,model,regime][,steps=..][,pretrain_steps=..][,lrs=a/b/c]")
+"""
+
+from sptlib.configs import common, local
+
+POSITIONAL = ("grid", "model", "regime")
+GRIDS = ("fmnist", "fmnist784", "code", "code_tf")
+
+REGIMES = ("scratch", "scratch-equal-compute", "spt-masked")
+SEEDS = (0, 1, 2)
+LRS = (1e-3, 3e-3, 1e-2)
+RECIPE_LR = 2e-3
+EVAL_EVERY = 75
+EVAL_STEPS = 4  # validation: 4 x 256 = 1,024 examples per evaluation
+TEST_EXAMPLES = 2500
+# Fashion-MNIST: finetuning / scratch steps and masked-denoising steps (batch 32).
+FMNIST_STEPS, FMNIST_PRETRAIN = 150, 300
+# Code bytes (batch 8), at the recipe lr only unless --lrs is given.
+CODE_STEPS, CODE_PRETRAIN = 100, 200
+CODE_TF_LENGTH = 512
+
+
+def _grid(name):
+    if name == "fmnist":
+        return dict(models=("transformer", "s4d", "bow"), length=196, steps=FMNIST_STEPS,
+                    pretrain=FMNIST_PRETRAIN, batch=32,
+                    title="Real data: sequential Fashion-MNIST 14x14 (L=196)")
+    if name == "fmnist784":
+        return dict(models=("s4d",), length=784, steps=FMNIST_STEPS, pretrain=FMNIST_PRETRAIN,
+                    batch=32, title="Real data: sequential Fashion-MNIST 28x28 (L=784)")
+    if name in ("code", "code_tf"):
+        tf = name == "code_tf"
+        return dict(models=("transformer",) if tf else ("s4d", "bow"),
+                    length=CODE_TF_LENGTH if tf else 2048, steps=CODE_STEPS,
+                    pretrain=CODE_PRETRAIN, batch=8, lrs=(),
+                    title=f"Real data: source-code bytes (L={CODE_TF_LENGTH if tf else 2048})")
+    raise ValueError(f"experiments/real.py: unknown grid {name!r}; expected one of {GRIDS}")
+
+
+def get_config(arg=""):
+    a = common.parse_arg(arg, POSITIONAL)
+    name = a.get("grid", "fmnist")
+    g = _grid(name)
+    model, regime = a.get("model", g["models"][0]), a.get("regime", "spt-masked")
+    steps = int(a.get("steps", g["steps"]))
+    pretrain = int(a.get("pretrain_steps", g["pretrain"]))
+    lrs = tuple(float(x) for x in a["lrs"].split("/")) if "lrs" in a else g.get("lrs", LRS)
+    compare = dict(models=g["models"], regimes=REGIMES, seeds=SEEDS, title=g["title"])
+    common_kw = dict(n_layers=2, d_model=64, steps=steps, pretrain_steps=pretrain,
+                     batch_size=g["batch"], lr=RECIPE_LR, eval_every=EVAL_EVERY, compare=compare,
+                     init_scheme="torch")
+    if name.startswith("fmnist"):
+        data = dict(task="fashion_mnist", input_type="continuous",
+                    resolution={196: 14, 784: 28}[g["length"]], test_examples=TEST_EXAMPLES)
+        c = local.local_comparison(model, regime, data=data, generate={}, target="l1",
+                                   **common_kw)
+    else:
+        data = dict(task="code_bytes", input_type="tokens", max_length=g["length"],
+                    test_examples=TEST_EXAMPLES, code_bytes=dict(window=2048))
+        c = local.local_comparison(model, regime, data=data, generate={}, mask_rate=0.15,
+                                   **common_kw)
+    with c.unlocked():
+        for s in ("pretrain", "finetune", "scratch"):
+            c.stages[s].eval_steps = EVAL_STEPS
+            c.stages[s].eval_batch_size = 256
+        c.compare.lrs = lrs
+    c.lock()
+    return c
