@@ -309,7 +309,8 @@ def test_transformer_param_count_matches_formula():
     c, head = paper_config("text", "transformer")
     d, m, v, n = 512, 4, 258, 6
     per_layer = (4 * d * d + 4 * d) + 4 * d + (2 * m * d * d + m * d + d)
-    assert _count(c, head) == v * d + n * per_layer + 2 * d + (d * 2 + 2)
+    # The head: the release's `sequence_nonelinear` decoder, Linear(d, d) -> ReLU -> Linear.
+    assert _count(c, head) == v * d + n * per_layer + 2 * d + (d * d + d) + (d * 2 + 2)
 
 
 def test_print_paper_size_param_counts(capsys):
