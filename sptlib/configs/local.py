@@ -17,35 +17,6 @@ from sptlib.configs.paper import TASKS, Recipe
 from sptlib.configs.presets import add_compare, apply_regime, set_model, set_optim
 from sptlib.train import config as train_config
 
-# Pathfinder contour length -> the release's difficulty folder name.
-DIFFICULTY_NAMES = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
-
-
-def local_pathfinder(model: str, regime: str, *, resolution: int, contour_length: int,
-                     num_train: int, num_eval: int, data_seed: int = 0,
-                     **kwargs) -> ml_collections.ConfigDict:
-    """A CPU-sized Pathfinder comparison on generated images (the quickstart).
-
-    The generator seed `data_seed` fixes the images for every training seed; the validation and
-    test images are drawn from a generator seed never used for a training image
-    (`data.pathfinder.generate`, `held_out_from`). `kwargs`: see `local_comparison`.
-    """
-    total = int(round((num_train + 2 * num_eval)))
-    if num_train != int(round(0.8 * total)):
-        # The reader splits the generated set 80/10/10; other sizes would be silently changed.
-        raise ValueError(f"num_train={num_train}, num_eval={num_eval}: Pathfinder sets are "
-                         "split 80/10/10, so num_train must be 8 x num_eval")
-    data = dict(task="pathfinder", input_type="continuous", resolution=resolution,
-                difficulty=DIFFICULTY_NAMES.get(contour_length, "curv_contour_length_14"),
-                # Validation/test images come from a generator seed never used for training
-                # images; '_heldout' keeps older sets, drawn before that split, from being reused.
-                lra_dir=os.path.join("data", f"pathfinder_gen_seed{data_seed}_n{total}"
-                                     f"_c{contour_length}_heldout"))
-    generate = dict(enabled=True, contour_length=contour_length, seed=data_seed,
-                    num_train=num_train, num_val=num_eval, num_test=num_eval)
-    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
-
-
 def local_lines(model: str, regime: str, *, resolution: int, num_train: int, num_eval: int,
                 data_seed: int = 0, noise: float = 0.25, input_type: str = "continuous",
                 style: str = "segments", **kwargs) -> ml_collections.ConfigDict:

@@ -14,9 +14,6 @@ import flax.linen as nn
 import flax.struct
 import jax
 
-GROUPS = ("default", "ssm", "ssm_dt")
-
-
 @flax.struct.dataclass
 class SSMParam(nn.LogicallyPartitioned):
     """A logically partitioned parameter of the "ssm" optimiser group."""
