@@ -38,7 +38,6 @@ MODELS = ("transformer", "transformer-causal", "s4", "s4d", "dss", "gss", "gss-h
 # have none), and one learning rate (their reference code: A_log, D and the dt bias only skip
 # weight decay).
 SELECTIVE_MODELS = ("mamba", "mamba2")
-ATTENTION_MODELS = ("transformer", "transformer-causal", "gss-hybrid")
 # Names beside MODELS: Transformer width/depth variants and the bag-of-words control.
 VARIANTS = ("transformer-deep", "transformer-wide2", "transformer-wide", "bow")
 
