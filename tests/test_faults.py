@@ -103,6 +103,7 @@ def _recovers(group, case, lra, wd, ref, *, quarantined_type=None):
 
 # -- checkpoint contents ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_wrong_bytes_in_latest_checkpoint_fall_back(finished, lra, tmp_path):
     wd = _copy(finished, tmp_path)
     _flip_array_bytes(wd / "scratch" / "checkpoints" / "4")
@@ -133,6 +134,54 @@ def test_digest_catches_same_layout_other_values(tmp_path):
            f"HELD: moved aside, fell back to step 10 ({err[:100]}...)")
 
 
+def test_corrupt_metrics_file_of_a_toy_checkpoint_falls_back(tmp_path):
+    from test_checkpoint import _toy_state, _tree_equal
+    d = tmp_path / "ck"
+    ck = ckpt_lib.StageCheckpointer(d, keep=3, async_saves=False)
+    for s in (10, 20):
+        ck.save(s, _toy_state(s), {"i": s}, metrics={"loss": 1.0, "score": -1.0})
+    ck.close()
+    (d / "20" / "metrics" / "metrics").write_text('{"loss": 1.0, "sc')  # orbax: JSONDecodeError
+    ck = ckpt_lib.StageCheckpointer(d, keep=3)
+    state, it, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+    ck.close()
+    assert step == 10 and _tree_equal(state, _toy_state(10))
+    assert ck.quarantined[0]["error"].startswith("JSONDecodeError")
+    # Valid JSON with another value: the digest tells.
+    ck = ckpt_lib.StageCheckpointer(d, keep=3, async_saves=False)
+    ck.save(30, _toy_state(30), {"i": 30}, metrics={"loss": 1.0, "score": -1.0})
+    ck.close()
+    (d / "30" / "metrics" / "metrics").write_text('{"loss": 1.0, "score": 5.0}')
+    ck = ckpt_lib.StageCheckpointer(d, keep=3)
+    assert ck.all_steps() == [10] and "metrics item differs" in ck.quarantined[0]["error"]
+    ck.close()
+
+
+def test_init_from_refuses_a_checkpoint_whose_values_changed(tmp_path):
+    """The same model saved twice; step 2's state files replaced by step 1's (readable, other
+    values): `init_from` names the tensor instead of loading it."""
+    from test_checkpoint import FINETUNE_HEAD, PRETRAIN_HEAD, _init, _model_cfg
+    from sptlib.train import transfer
+    d = tmp_path / "ck"
+    ck = ckpt_lib.StageCheckpointer(d, keep=2, async_saves=False)
+    for step, seed in ((1, 1), (2, 3)):
+        ck.save(step, _init(_model_cfg(), PRETRAIN_HEAD, seed=seed)[0], None)
+    ck.close()
+    shutil.rmtree(d / "2" / "state")
+    shutil.copytree(d / "1" / "state", d / "2" / "state")
+    fresh, _ = _init(_model_cfg(), FINETUNE_HEAD, seed=5)
+    e = expect_error("checkpoints", "init_from a checkpoint whose array values changed "
+                     "(files readable)", lambda: transfer.load_pretrained(
+                         d / "2", fresh.params, fresh.model_state, dont_load=("^head/",)),
+                     errors.CheckpointDigestError, "differs from the digest recorded")
+    assert "array '" in str(e)
+    # The intact checkpoint loads, verified against its digest.
+    report = transfer.load_pretrained(d / "1", fresh.params, fresh.model_state,
+                                      dont_load=("^head/",))[2]
+    assert report["verified"] == "verified against the save-time digest"
+
+
+@pytest.mark.slow
 def test_corrupt_metrics_file_falls_back(finished, lra, tmp_path):
     wd = _copy(finished, tmp_path)
     (wd / "scratch" / "checkpoints" / "4" / "metrics" / "metrics").write_text('{"loss": 2.3')
@@ -159,6 +208,7 @@ def test_truncated_history_is_rebuilt_from_the_checkpoint(finished, lra, tmp_pat
     assert json.loads(hist.read_text()) == finished[1].history
 
 
+@pytest.mark.slow
 def test_init_from_damaged_pretrain_checkpoint_is_refused(lra, tmp_path):
     c = _config(lra)
     c.stage_order = ("pretrain",)
@@ -228,6 +278,7 @@ def test_second_run_into_a_busy_workdir_is_refused(lra, tmp_path):
 
 # -- what a stage was built from -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_finished_stage_with_changed_config_warns_naming_fields(finished, lra, tmp_path,
                                                                 caplog):
     wd = _copy(finished, tmp_path, unfinish=False)
@@ -353,6 +404,7 @@ def test_no_space_is_found_before_training(lra, tmp_path, monkeypatch):
     assert not list(wd.rglob("checkpoints/*"))
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_save_is_one_line(finished, lra, tmp_path, monkeypatch):
     """ENOSPC raised inside orbax's save (as tensorstore reports it): one line naming the file
     and the free space, exit 2; the earlier checkpoints are untouched."""
