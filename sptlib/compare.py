@@ -67,6 +67,9 @@ _FRACTIONS = flags.DEFINE_list(
 _LRS = flags.DEFINE_list(
     "lrs", None, "Override config.compare.lrs: train every cell at each learning rate and report "
     "each (model, regime) at the one chosen on validation (sptlib.sweeps).")
+_LR_SEEDS = flags.DEFINE_list(
+    "lr_seeds", None, "Override config.compare.lr_seeds: only these seeds sweep --lrs; the others "
+    "run once, at the lr their sweep chose on validation.")
 _RAND_INIT = flags.DEFINE_bool(
     "rand_init", False, "Also run every SSM model with random (unstructured) state-space init "
     "(model name + '-randinit'), the paper's structured-vs-random ablation.")
@@ -100,11 +103,14 @@ class RunSpec:
     config: ml_collections.ConfigDict
     workdir: str
     lr: float | None = None  # the lr axis (sptlib.sweeps); None: the config's own lr
+    lr_from: tuple = ()  # lrs to choose from on the sweep seeds' validation (sweeps.resolve)
+    lr_seeds: tuple = ()
 
     @property
     def name(self) -> str:
         frac = "" if self.data_fraction == 1.0 else f" frac={self.data_fraction:g}"
-        lr = "" if self.lr is None else f" lr={self.lr:g}"
+        lr = (" lr=(from validation)" if sweeps.deferred(self) else
+              "" if self.lr is None else f" lr={self.lr:g}")
         return f"{self.model}/{self.regime}/seed{self.seed}{frac}{lr}"
 
 
@@ -126,7 +132,9 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
            workdir: str, models: Sequence[str] | None = None,
            regimes: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
            data_fractions: Sequence[float] | None = None,
-           rand_init: bool = False, lrs: Sequence[float] | None = None) -> tuple[ml_collections.ConfigDict, list[RunSpec]]:
+           rand_init: bool = False, lrs: Sequence[float] | None = None,
+           lr_seeds: Sequence[int] | None = None
+           ) -> tuple[ml_collections.ConfigDict, list[RunSpec]]:
     """Expands `path.py[:arg]` into one RunSpec per model × regime × data fraction × seed.
 
     Args:
@@ -137,6 +145,7 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
       models, regimes, seeds, data_fractions: override the config's `compare` section.
       rand_init: add `<model>-randinit` for every model that has a random-init variant.
       lrs: learning rates of the lr axis (default config.compare.lrs; none: no axis).
+      lr_seeds: the seeds that sweep them (default config.compare.lr_seeds; none: every seed).
 
     Returns:
       (the base config, the run specs in execution order: seed-major, so that an interrupted
@@ -184,7 +193,8 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
                 cfg.data.data_fraction = frac
                 specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
     lrs = lrs if lrs is not None else tuple(comp.get("lrs", ()) or ())
-    return base, sweeps.expand_lrs(specs, [float(x) for x in lrs])
+    lr_seeds = lr_seeds if lr_seeds is not None else tuple(comp.get("lr_seeds", ()) or ())
+    return base, sweeps.expand_lrs(specs, [float(x) for x in lrs], [int(s) for s in lr_seeds])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,7 +238,10 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
         f"{0 if report_only else len(todo)} to run")
     done = 0
     for spec in specs:
-        if is_finished(spec.workdir, spec.config.stage_order):
+        spec = sweeps.resolve(spec, specs, lambda s: _val_accuracy(s))
+        if sweeps.deferred(spec):
+            rec = make_record(spec, None, status="missing", error="its lr sweep is not finished")
+        elif is_finished(spec.workdir, spec.config.stage_order):
             rec = make_record(spec, load_results(spec.workdir), status="finished")
         elif report_only:
             rec = make_record(spec, load_results(spec.workdir), status="missing")
@@ -267,7 +280,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                 (epath.Path(spec.workdir) / "error.txt").write_text(traceback.format_exc())
                 log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
         if spec.lr is not None:
-            rec["lr"] = spec.lr
+            rec["lr"], rec["lr_sweep"] = spec.lr, not spec.lr_from
         if length_factors and rec["status"] == "finished" and lmreport.is_lm(spec.config):
             # Causal LMs: bits per token at each factor on the same text (sptlib.lmeval).
             rec["lm"] = lmreport.lm_record(spec.config, spec.workdir, length_factors,
@@ -285,6 +298,13 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     paths = report.write_report(records, workdir, title)
     paths["json"] = os.path.join(workdir, json_name)
     return records, paths
+
+
+def _val_accuracy(spec) -> float | None:
+    """A finished run's validation accuracy (the lr sweep's only input), else None."""
+    if not is_finished(spec.workdir, spec.config.stage_order):
+        return None
+    return make_record(spec, load_results(spec.workdir), status="finished").get("val_accuracy")
 
 
 def _length_eval(spec, factors, fn, log) -> dict:
@@ -361,13 +381,14 @@ def _main():
     fractions = parse_numbers("data_fractions", _FRACTIONS.value, low=0, high=1, low_open=True)
     factors = parse_numbers("length_factors", _LENGTH.value, low=0, low_open=True)
     lrs = parse_numbers("lrs", _LRS.value, low=0, low_open=True)
+    lr_seeds = parse_numbers("lr_seeds", _LR_SEEDS.value, int, low=0)
     shard = parse_shard(_SHARD.value)
     filename = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     base, specs = expand(
         filename, overrides, workdir=_WORKDIR.value, models=_MODELS.value,
         regimes=_REGIMES.value, seeds=seeds, data_fractions=fractions,
-        rand_init=_RAND_INIT.value, lrs=lrs)
+        rand_init=_RAND_INIT.value, lrs=lrs, lr_seeds=lr_seeds)
     if factors is None:
         factors = parse_numbers("config.compare.length_factors",
                                 [str(f) for f in base.compare.length_factors] or None,

@@ -11,6 +11,11 @@ links the later cells' `pretrain/` to the first finished one instead of training
 Runs go to `DIR/<model>/<regime>[-frac<f>]-lr<lr>/seed<k>/`. The table (`select`) reports, per
 (data fraction, model, regime), the test accuracy at the lr whose mean **validation** accuracy
 over seeds is highest (ties: the smaller lr); test accuracies never enter the choice.
+
+`config.compare.lr_seeds = (0,)` (or `--lr_seeds=0`) makes the sweep cheaper: only those seeds
+run every lr; every other seed runs once, at the lr that the sweep seeds' mean validation
+accuracy chose for its cell (`resolve`, just before the run; the grid runs seed-major, so the
+sweep seeds finish first). Only the sweep seeds' runs vote in the table too.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 from typing import Sequence
 
 PRETRAIN_KINDS = ("masked", "causal")
+AUTO = "(auto)"  # the lr in a deferred spec's directory name, until `resolve` sets it
 
 
 def lr_stages(cfg) -> list[str]:
@@ -39,18 +45,25 @@ def apply_lr(cfg, lr: float) -> None:
         o.ssm_lr = float(lr) * ratio
 
 
-def lr_dir(cell_dir: str, lr: float) -> str:
+def lr_dir(cell_dir: str, lr) -> str:
     """`.../<regime>[-frac<f>]/seed<k>` -> `.../<regime>[-frac<f>]-lr<lr>/seed<k>`."""
     parent, seed = os.path.split(cell_dir)
-    return os.path.join(f"{parent}-lr{lr:g}", seed)
+    return os.path.join(f"{parent}-lr{lr if isinstance(lr, str) else format(lr, 'g')}", seed)
 
 
-def expand_lrs(specs: Sequence, lrs: Sequence[float] | None) -> list:
-    """Each spec once per lr (lr innermost, so a seed's cells finish before the next seed's)."""
+def expand_lrs(specs: Sequence, lrs: Sequence[float] | None,
+               lr_seeds: Sequence[int] = ()) -> list:
+    """Each spec once per lr (lr innermost, so a seed's cells finish before the next seed's);
+    with `lr_seeds`, the other seeds' specs once each, their lr left to `resolve`."""
     if not lrs:
         return list(specs)
     out = []
     for spec in specs:
+        if lr_seeds and spec.seed not in lr_seeds:
+            out.append(dataclasses.replace(spec, lr_from=tuple(float(x) for x in lrs),
+                                           lr_seeds=tuple(lr_seeds),
+                                           workdir=lr_dir(spec.workdir, AUTO)))
+            continue
         for lr in lrs:
             cfg = copy.deepcopy(spec.config)
             with cfg.unlocked():
@@ -58,6 +71,43 @@ def expand_lrs(specs: Sequence, lrs: Sequence[float] | None) -> list:
             out.append(dataclasses.replace(spec, config=cfg, lr=float(lr),
                                            workdir=lr_dir(spec.workdir, lr)))
     return out
+
+
+def deferred(spec) -> bool:
+    """A spec whose lr is still to be chosen from the sweep seeds' validation accuracy."""
+    return bool(getattr(spec, "lr_from", ())) and spec.lr is None
+
+
+def choose(scores: dict) -> float | None:
+    """The lr of highest mean validation accuracy (`{lr: (mean, n)}`; ties: the smaller lr)."""
+    voting = [lr for lr, (m, n) in scores.items() if n and not math.isnan(m)]
+    return min(voting, key=lambda lr: (-scores[lr][0], lr)) if voting else None
+
+
+def resolve(spec, specs: Sequence, val_accuracy):
+    """`spec` with its lr chosen when it is `deferred` and every sweep run of its cell finished.
+
+    `val_accuracy(spec) -> float | None` (None: not finished) reads a sweep run's validation
+    accuracy; nothing else is read. Returns `spec` unchanged if it is not deferred or its sweep
+    is not finished yet.
+    """
+    if not deferred(spec):
+        return spec
+    sweep = [s for s in specs if not getattr(s, "lr_from", ()) and s.lr in spec.lr_from
+             and s.seed in spec.lr_seeds and (s.model, s.regime, s.data_fraction) ==
+             (spec.model, spec.regime, spec.data_fraction)]
+    vals = {s.workdir: val_accuracy(s) for s in sweep}
+    if not sweep or any(v is None for v in vals.values()):
+        return spec
+    scores = {lr: (_mean([vals[s.workdir] for s in sweep if s.lr == lr]),
+                   sum(1 for s in sweep if s.lr == lr)) for lr in spec.lr_from}
+    lr = choose(scores)
+    cfg = copy.deepcopy(spec.config)
+    with cfg.unlocked():
+        apply_lr(cfg, lr)
+    parent, seed = os.path.split(spec.workdir)
+    base = os.path.join(parent.removesuffix(f"-lr{AUTO}"), seed)
+    return dataclasses.replace(spec, config=cfg, lr=lr, workdir=lr_dir(base, lr))
 
 
 def _pretrain_key(spec):
@@ -102,8 +152,9 @@ def _mean(values):
 def select(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
     """Keeps, per (data fraction, model, regime), the records of the lr chosen on validation.
 
-    Only finished records with a validation accuracy vote; the chosen lr has the highest mean
-    validation accuracy over its seeds (ties: the smaller lr). Records without an lr pass through.
+    Only finished records with a validation accuracy vote, and of those only the sweep seeds'
+    (`lr_sweep`, when the grid has `lr_seeds`); the chosen lr has the highest mean validation
+    accuracy over its seeds (ties: the smaller lr). Records without an lr pass through.
 
     Returns:
       (the kept records, one row per cell: data_fraction, model, regime, chosen lr and per lr
@@ -121,10 +172,10 @@ def select(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
         scores = {}
         for lr, recs in per_lr.items():
             vals = [r["val_accuracy"] for r in recs
-                    if r.get("status") == "finished" and r.get("val_accuracy") is not None]
+                    if r.get("status") == "finished" and r.get("val_accuracy") is not None
+                    and r.get("lr_sweep", True)]
             scores[lr] = (_mean(vals), len(vals))
-        voting = [lr for lr, (m, n) in scores.items() if n and not math.isnan(m)]
-        chosen = min(voting, key=lambda lr: (-scores[lr][0], lr)) if voting else None
+        chosen = choose(scores)
         if chosen is not None:
             kept += per_lr[chosen]
         rows.append({"data_fraction": frac, "model": model, "regime": regime, "lr": chosen,

@@ -400,3 +400,31 @@ def test_lr_choice_ignores_unfinished_runs_and_reports_them(tmp_path):
     assert [r["status"] for r in shown] == ["finished", "finished", "failed"]
     md = report.markdown(shown)
     assert "| a | 51.0 ± 12.7 (2) |" in md and "not finished" in md
+
+
+def test_lr_seeds_sweep_once_then_run_the_other_seeds_at_the_chosen_lr(lr_experiment, tmp_path):
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd, lr_seeds=[0])
+    assert len(specs) == 4 * 3 + 4 * 2  # seed 0 at 3 lrs, seeds 1 and 2 once
+    # Test accuracy favours 1e-2 everywhere; validation favours 3e-3.
+    trainer = LrTrainer()
+    records, paths = compare.run_comparison(specs, wd, run_fn=trainer, log=lambda s: None)
+    later = [r for r in records if r["seed"] > 0]
+    assert len(later) == 8 and {r["lr"] for r in later} == {3e-3}
+    assert not any(r["lr_sweep"] for r in later)
+    assert os.path.isdir(os.path.join(wd, "m2", "spt-masked-lr0.003", "seed2", "finetune"))
+    md = open(paths["markdown"]).read()
+    assert "| m1 | 67.0 ± 2.5 (3) | 67.0 ± 2.5 (3) |" in md  # 3e-3, seeds 0-2
+    # Only seed 0 votes: (1) at each lr.
+    assert "| m1 | scratch | 60.0 (1) | **70.0 (1)** | 65.0 (1) | 0.003 |" in md
+    again = LrTrainer()
+    compare.run_comparison(specs, wd, run_fn=again, log=lambda s: None)
+    assert again.trained == []
+    # A sweep that has not finished leaves the other seeds waiting, reported as missing.
+    wd2 = str(tmp_path / "cmp2")
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd2, lr_seeds=[0], models=["m1"],
+                              regimes=["scratch"], seeds=[0, 1])
+    records, _ = compare.run_comparison(specs, wd2, run_fn=LrTrainer(), report_only=True,
+                                        log=lambda s: None)
+    assert [r["status"] for r in records] == ["missing"] * 4
+    assert "lr sweep is not finished" in records[-1]["error"]
