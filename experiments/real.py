@@ -34,7 +34,10 @@ the lr; test accuracy is that of the best checkpoint.
 from sptlib.configs import common, local
 
 POSITIONAL = ("grid", "model", "regime")
-GRIDS = ("fmnist", "fmnist784", "code", "code_tf")
+GRIDS = ("fmnist", "fmnist784", "fmnist_scale", "code", "code_tf")
+# fmnist_scale: nested training subsets of 1,000 / 5,000 / all 54,000 images (the paper's
+# data-scaling experiment, config.compare.data_fractions).
+FRACTIONS = (1000 / 54000, 5000 / 54000, 1.0)
 
 REGIMES = ("scratch", "scratch-equal-compute", "spt-masked")
 SEEDS = (0, 1, 2)
@@ -56,6 +59,10 @@ def _grid(name):
         return dict(models=("transformer", "s4d", "bow"), length=196, steps=FMNIST_STEPS,
                     pretrain=FMNIST_PRETRAIN, batch=32,
                     title="Real data: sequential Fashion-MNIST 14x14 (L=196)")
+    if name == "fmnist_scale":
+        return dict(models=("transformer", "s4d"), length=196, steps=FMNIST_STEPS,
+                    pretrain=FMNIST_PRETRAIN, batch=32, fractions=FRACTIONS,
+                    title="Real data: sequential Fashion-MNIST (L=196), 1k / 5k / 54k images")
     if name == "fmnist784":
         return dict(models=("s4d",), length=784, steps=FMNIST_STEPS, pretrain=FMNIST_PRETRAIN,
                     batch=32, title="Real data: sequential Fashion-MNIST 28x28 (L=784)")
@@ -76,7 +83,8 @@ def get_config(arg=""):
     steps = int(a.get("steps", g["steps"]))
     pretrain = int(a.get("pretrain_steps", g["pretrain"]))
     lrs = tuple(float(x) for x in a["lrs"].split("/")) if "lrs" in a else g.get("lrs", LRS)
-    compare = dict(models=g["models"], regimes=REGIMES, seeds=SEEDS, title=g["title"])
+    compare = dict(models=g["models"], regimes=REGIMES, seeds=SEEDS, title=g["title"],
+                   data_fractions=g.get("fractions", (1.0,)))
     common_kw = dict(n_layers=2, d_model=64, steps=steps, pretrain_steps=pretrain,
                      batch_size=g["batch"], lr=RECIPE_LR, eval_every=EVAL_EVERY, compare=compare,
                      init_scheme="torch")

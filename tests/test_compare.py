@@ -428,3 +428,19 @@ def test_lr_seeds_sweep_once_then_run_the_other_seeds_at_the_chosen_lr(lr_experi
                                         log=lambda s: None)
     assert [r["status"] for r in records] == ["missing"] * 4
     assert "lr sweep is not finished" in records[-1]["error"]
+
+
+def test_lr_is_chosen_per_data_fraction(lr_experiment, tmp_path):
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd, seeds=[0, 1], models=["m1"],
+                              regimes=["scratch"], data_fractions=[1.0, 0.1])
+    assert len(specs) == 2 * 2 * 3
+    assert specs[3].workdir == os.path.join(wd, "m1", "scratch-frac0.1-lr0.001", "seed0")
+    records, _ = compare.run_comparison(specs, wd, run_fn=LrTrainer(), log=lambda s: None)
+    # At fraction 0.1 validation favours 1e-3 (the fake's validation made so); 3e-3 at 1.0.
+    small = [dict(r, val_accuracy=1.0 - r["lr"]) if r["data_fraction"] == 0.1 else r
+             for r in records]
+    chosen = {row["data_fraction"]: row["lr"] for row in report.lr_selected(small)[1]}
+    assert chosen == {1.0: 3e-3, 0.1: 1e-3}
+    md = report.markdown(report.lr_selected(small)[0])
+    assert "## Training data fraction 0.1" in md
