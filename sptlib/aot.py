@@ -180,7 +180,9 @@ def compile_stage(name, config, stage_name, spec, devices, mfu, effort=FAST_EFFO
            "mesh": dict(built.mesh.shape), "batch_size": int(stage.batch_size),
            "objective": stage.objective.kind, "task": config.data.task,
            "model": config.model.mixer, "steps": int(stage.num_steps),
-           "hbm_bytes": spec.hbm_bytes, "num_params": built.num_params}
+           "hbm_bytes": spec.hbm_bytes, "num_params": built.num_params,
+           "dtype": built.resolved.model_cfg.dtype,
+           "attention_kernel": built.resolved.attention_kernel}
     for kind, step, batch in (("train", built.train_step, built.example_batch),
                               ("eval", built.eval_step, eval_batch)):
         try:

@@ -2,6 +2,7 @@
 
     python -m sptlib.main --config=experiments/smoke.py --workdir=/tmp/smoke \
         [--config.stages.pretrain.num_steps=100] [--verbose]
+    python -m sptlib.main --config=experiments/smoke.py --print_config   # the resolved run
 
 Also installed as the `spt-train` console script. Re-running the same command resumes.
 Bad input (a config key, a data file, a checkpoint of another config, ...) is ONE line on stderr
@@ -10,6 +11,7 @@ request (SIGTERM) exits with 3, a diverged run with 2; their checkpoints are kep
 """
 
 import functools
+import json
 
 from absl import app
 from absl import flags
@@ -27,13 +29,24 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (local path or gs
                                "stage writes to workdir/<stage>/.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Print the traceback of errors (also: "
                              "SPTLIB_TRACEBACK=1).")
-flags.mark_flags_as_required(["config", "workdir"])
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the resolved run as JSON (per stage: platform, mesh on the "
+    "devices present, logical rules, batch shapes, compute dtype, attention kernel) and exit; "
+    "no --workdir needed.")
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logs.quiet_library_logs()
+    if _PRINT_CONFIG.value:
+        # Imported here so that `--help` and flag errors stay fast (JAX is heavy).
+        from sptlib.train import resolve
+        print(json.dumps([s.to_json() for s in resolve.resolve_run(_CONFIG.value)], indent=2))
+        return
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir is required (or --print_config)")
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
     from sptlib import stages
     try:

@@ -188,6 +188,13 @@ def test_cli_pathx_transformer_pretrain_fits_a_v4_8(tmp_path):
     assert rec["chip_hours"] == pytest.approx(
         rec["steps"] * rec["flops_per_step"] / (275e12 * 0.4) / 3600)
     assert "lra.py:pathx,transformer,spt-masked" in out.stdout and "pretrain" in out.stdout
+    # The resolved stage (sptlib.train.resolve): bf16 compute and splash attention on a TPU,
+    # and the compiler's step-time bound with the chip-hours it allows.
+    assert rec["attention_kernel"] == "splash" and rec["dtype"] == "bfloat16"
+    assert 0 < rec["bound_mfu"] < 1 and rec["bound_seconds"] > 0
+    assert rec["chip_hours_bound"] == pytest.approx(
+        rec["steps"] * rec["flops_per_step"] / (275e12 * rec["bound_mfu"]) / 3600)
+    assert "bound" in out.stdout and "MFU" in out.stdout
 
 
 def test_cli_refuses_full_attention_at_pathx_in_one_line():

@@ -26,6 +26,10 @@ import optax
 from sptlib import data as data_lib
 from sptlib import models, objectives
 from sptlib.train import flops, optim, sharding, steps
+from sptlib.train.resolve import ResolvedStage, batch_shapes, resolve_stage
+
+__all__ = ["Stage", "build_stage", "batch_shapes", "local_batch_sizes", "peek", "stage_seed",
+           "train_step_flops", "ResolvedStage"]
 
 
 @dataclasses.dataclass
@@ -53,6 +57,7 @@ class Stage:
     example_batch: dict
     train_step: Optional[Callable]
     eval_step: Callable
+    resolved: ResolvedStage       # what the stage was built from (sptlib.train.resolve)
 
     @property
     def num_params(self) -> int:
@@ -105,15 +110,10 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
     seed = stage_seed(config, stage_name)
     if info is None:
         info = data_lib.get_task(config.data).info
-    platform = (devices[0] if devices is not None else jax.devices()[0]).platform
-    model_cfg = models.resolve_model_config(config.model, info, platform)
-    if stage.get("bypass_mixers", False):
-        # mlpinit's stage 1: the same model with every sequence mixer bypassed (per-token).
-        model_cfg.bypass_mixers = True
+    resolved = resolve_stage(config, stage_name, devices=devices, info=info)
+    model_cfg, mesh, rules = resolved.model_cfg, resolved.mesh, list(resolved.rules)
     objective = objectives.make_objective(stage.objective, info, model_cfg)
     model = models.build_model(model_cfg, objective.head_cfg)
-    mesh = sharding.create_mesh(config.mesh, devices)
-    rules = sharding.normalize_rules(config.logical_axis_rules)
     if example_batch is None:
         example_batch = batch_shapes(info, int(stage.batch_size),
                                      sharding=sharding.batch_sharding(mesh, rules))
@@ -137,7 +137,7 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
     return Stage(name=stage_name, config=config, cfg=stage, seed=seed, info=info,
                  objective=objective, model_cfg=model_cfg, model=model, mesh=mesh, rules=rules, optimizer=optimizer,
                  state=state, state_shardings=shardings, example_batch=example_batch,
-                 train_step=train_step, eval_step=eval_step)
+                 train_step=train_step, eval_step=eval_step, resolved=resolved)
 
 
 def train_step_flops(built: Stage, *, strict: bool = True) -> Optional[float]:
@@ -157,29 +157,3 @@ def train_step_flops(built: Stage, *, strict: bool = True) -> Optional[float]:
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                          built.state, built.state_shardings)
     return flops.step_flops(built.train_step, state, batch)
-
-
-def batch_shapes(info, batch_size: int, length: int = 0, sharding=None) -> dict:
-    """`ShapeDtypeStruct`s of a batch of the task (docs/architecture.md, "Batches").
-
-    inputs int32 `[batch, length]` (tokens) or float32 `[batch, length, d_input]` plus raw int32
-    (continuous); mask bool `[batch, length]`; label int32 `[batch]`; example_mask bool
-    `[batch]`; paired tasks add inputs2 / mask2. `length` defaults to `info["max_length"]`.
-    """
-    n, length = int(batch_size), int(length or info["max_length"])
-
-    def spec(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
-    if info["input_type"] == "tokens":
-        inputs = {"inputs": spec((n, length), np.int32)}
-    else:
-        d = int(info["d_input"])
-        inputs = {"inputs": spec((n, length, d), np.float32),
-                  "raw": spec((n, length, d), np.int32)}
-    out = dict(inputs, mask=spec((n, length), np.bool_), label=spec((n,), np.int32),
-               example_mask=spec((n,), np.bool_))
-    if info.get("pair"):
-        out["inputs2"] = inputs["inputs"]
-        out["mask2"] = out["mask"]
-    return out

@@ -44,10 +44,10 @@ def target_platform():
     return jax.default_backend()
 
 
-def cpu_kernels():
-    """Whether the C++ XLA:CPU kernels are used in this trace: it is for the CPU, they are not
-    turned off (`SPTLIB_NATIVE=0`) and they compiled (`cpu/build.py`)."""
-    if os.environ.get("SPTLIB_NATIVE", "1") == "0" or target_platform() != "cpu":
+def cpu_kernels(where=None):
+    """Whether the C++ XLA:CPU kernels are used in this trace (or on platform `where`): it is
+    for the CPU, they are not turned off (`SPTLIB_NATIVE=0`) and they compiled (`cpu/build.py`)."""
+    if os.environ.get("SPTLIB_NATIVE", "1") == "0" or (where or target_platform()) != "cpu":
         return False
     from sptlib.kernels.platform.cpu import build  # deferred: never loaded off CPU
     return build.available()
@@ -99,6 +99,22 @@ def prepare_process():
 # Attention
 # ---------------------------------------------------------------------------------------------
 
+def attention_kernel(where, *, algorithm="plain", dtype="float32", head_dim=64, causal=False,
+                     window=0, kernel="auto"):
+    """The name of the kernel `attention` runs for these arguments on platform `where`:
+    ``cpu`` (the C++ kernel), ``cudnn``, ``banded``, ``splash`` or ``reference`` (jnp)."""
+    if kernel == "reference":
+        return "reference"
+    if where == "cpu":
+        return "cpu" if algorithm == "plain" and cpu_kernels(where) else "reference"
+    if where == "gpu":
+        from sptlib.kernels.platform import gpu  # deferred: GPU only
+        return gpu.choice(dtype, head_dim, causal=causal, window=window) or "reference"
+    if where == "tpu":
+        return "splash"
+    return "reference"
+
+
 def attention(q, k, v, key_mask=None, *, causal=False, window=0, algorithm="plain",
               chunk_size=512, kernel="auto", spec=None):
     """Softmax attention by `algorithm`, computed by the kernel of the platform it runs on.
@@ -132,19 +148,17 @@ def attention(q, k, v, key_mask=None, *, causal=False, window=0, algorithm="plai
     if kernel == "reference":
         return ref(q, k, v, mask)
     where = target_platform()
+    name = attention_kernel(where, algorithm=algorithm, dtype=q.dtype, head_dim=q.shape[-1],
+                            causal=causal, window=window)
     branches = {}
-    if where == "cpu" and algorithm == "plain" and cpu_kernels():
+    if name == "cpu":
         from sptlib.kernels.platform.cpu import attention as cpu_attention  # deferred: CPU only
         branches["cpu"] = functools.partial(cpu_attention.attention, causal=causal,
                                             window=window)
-    elif where == "gpu":
+    elif name in ("cudnn", "banded"):
         from sptlib.kernels.platform import gpu  # deferred: GPU only
-        fused = gpu.kernel_for(q, causal=causal, window=window)
-        if fused is not None:
-            branches["cuda"] = fused
-    elif where == "tpu":
+        branches["cuda"] = gpu.kernel_for(q, causal=causal, window=window)
+    elif name == "splash":
         from sptlib.kernels.platform import tpu  # deferred: TPU only (imports Pallas)
-        fused = tpu.kernel_for(q, causal=causal, window=window, spec=spec)
-        if fused is not None:
-            branches["tpu"] = fused
+        branches["tpu"] = tpu.kernel_for(q, causal=causal, window=window, spec=spec)
     return on_platforms(ref, q, k, v, mask, **branches)

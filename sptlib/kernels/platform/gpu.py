@@ -34,14 +34,23 @@ def _max_head_dim():
     return 256 if cc >= 9.0 else 128
 
 
+def choice(dtype, head_dim, *, causal, window):
+    """``cudnn`` | ``banded`` | None (the jnp reference) for these arguments (module docstring)."""
+    if window and not causal:
+        return "banded"
+    if jnp.dtype(dtype) not in HALF or head_dim % 8 or head_dim > _max_head_dim():
+        return None
+    return "cudnn"
+
+
 def kernel_for(q, *, causal, window):
     """The fused function for these arguments, or None (see the module docstring)."""
-    if window and not causal:
+    name = choice(q.dtype, q.shape[-1], causal=causal, window=window)
+    if name == "banded":
         return functools.partial(banded_attention, window=window)
-    head_dim = q.shape[-1]
-    if q.dtype not in HALF or head_dim % 8 or head_dim > _max_head_dim():
-        return None
-    return functools.partial(cudnn_attention, causal=causal, window=window)
+    if name == "cudnn":
+        return functools.partial(cudnn_attention, causal=causal, window=window)
+    return None
 
 
 def cudnn_attention(q, k, v, key_mask, *, causal=False, window=0, implementation="cudnn"):
