@@ -2,6 +2,8 @@
 chunked SSD against its quadratic form, and the Mamba / Mamba-2 mixers (step == parallel,
 padding, bidirectional, parameter groups, initialisation, registration)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -134,71 +136,66 @@ MIXERS = [(MambaMixer, dict(d_state=4, chunk_size=4)),
           (Mamba2Mixer, dict(d_state=4, head_dim=8, n_groups=2, chunk_size=4))]
 
 
-def _init(cls, kw, causal, x):
-    m = cls(d_model=x.shape[-1], causal=causal, **kw)
-    return m, jax.jit(m.init)(jax.random.PRNGKey(0), x)
+X = _f32(2, 11, 8)  # one input shape for the mixer tests: each mixer compiles once per form
 
 
-def _apply(m):
-    """Jitted `m.apply(v, x, mask=mask)` (eager dispatch op by op is slower than compiling)."""
-    return jax.jit(lambda v, x, mask=None: m.apply(v, x, mask=mask))
+@functools.lru_cache(maxsize=None)
+def _model(cls, causal):
+    """(module, variables, jitted apply(v, x, mask=None)) of a tiny mixer, shared by tests."""
+    m = cls(d_model=X.shape[-1], causal=causal, **dict(MIXERS)[cls])
+    v = jax.jit(m.init)(jax.random.PRNGKey(0), X)
+    return m, v, jax.jit(lambda v, x, mask=None: m.apply(v, x, mask=mask))
 
 
-@pytest.mark.parametrize("cls,kw", MIXERS)
-def test_step_equals_parallel(cls, kw):
-    x = _f32(2, 6, 8)
-    m, v = _init(cls, kw, True, x)
-    y = _apply(m)(v, x)
-    assert y.shape == x.shape
+@pytest.mark.parametrize("cls", dict(MIXERS))
+def test_step_equals_parallel(cls):
+    m, v, apply = _model(cls, True)
+    y = apply(v, X)
+    assert y.shape == X.shape
     state = m.apply(v, 2, method=m.initial_state)
     step = jax.jit(lambda v, x_t, state: m.apply(v, x_t, state, method=m.step))
-    for t in range(6):
-        yt, state = step(v, x[:, t], state)
+    for t in range(X.shape[1]):
+        yt, state = step(v, X[:, t], state)
         np.testing.assert_allclose(yt, y[:, t], rtol=1e-4, atol=1e-5)
+    mb, vb, _ = _model(cls, False)
     with pytest.raises(ValueError, match="causal"):
-        cls(d_model=8, causal=False, **kw).apply(_init(cls, kw, False, x)[1], 2,
-                                                 method="initial_state")
+        mb.apply(vb, 2, method=mb.initial_state)
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("cls,kw", MIXERS)
-def test_padding_neither_leaks_nor_outputs(cls, kw, causal):
-    x = _f32(2, 11, 8)
-    m, v = _init(cls, kw, causal, x)
-    apply = _apply(m)
+@pytest.mark.parametrize("cls", dict(MIXERS))
+def test_padding_neither_leaks_nor_outputs(cls, causal):
+    m, v, apply = _model(cls, causal)
     mask = jnp.arange(11)[None] < jnp.asarray([[11], [6]])
-    noisy = jnp.where(mask[..., None], x, 100.0)  # garbage at the padding
+    noisy = jnp.where(mask[..., None], X, 100.0)  # garbage at the padding
     y = apply(v, noisy, mask)
     np.testing.assert_array_equal(y[1, 6:], 0.0)
     # the padded row equals the short sequence alone, the full row the full one alone
-    np.testing.assert_allclose(y[1, :6], apply(v, x[1:, :6])[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(y[0], apply(v, x)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y[1, :6], jax.jit(m.apply)(v, X[1:, :6])[0], rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(y[0], apply(v, X)[0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("cls,kw", MIXERS)
-def test_bidirectional_sees_both_sides_and_is_mirror_symmetric(cls, kw):
-    x = _f32(1, 9, 8)
-    later = x.at[:, -1].add(1.0)
-    mc, vc = _init(cls, kw, True, x)
-    fc = _apply(mc)
-    np.testing.assert_allclose(fc(vc, later)[:, 0], fc(vc, x)[:, 0])
-    m, v = _init(cls, kw, False, x)
-    f = _apply(m)
-    assert not np.allclose(f(v, later)[:, 0], f(v, x)[:, 0])
+@pytest.mark.parametrize("cls", dict(MIXERS))
+def test_bidirectional_sees_both_sides_and_is_mirror_symmetric(cls):
+    later = X.at[:, -1].add(1.0)
+    _, vc, fc = _model(cls, True)
+    np.testing.assert_allclose(fc(vc, later)[:, 0], fc(vc, X)[:, 0])
+    _, v, f = _model(cls, False)
+    assert not np.allclose(f(v, later)[:, 0], f(v, X)[:, 0])
     # Swapping the two directions' parameters and reversing the input reverses the output.
     swapped = jax.tree.map(lambda p: p, v)
     for name in ("conv_w", "conv_b", "dt_bias", "A_log", "D", "x_proj", "dt_proj"):
         if name in v["params"]:
             leaf = v["params"][name]
             swapped["params"][name] = leaf.replace_boxed(jnp.flip(leaf.value, 0))
-    np.testing.assert_allclose(f(swapped, jnp.flip(x, 1)), jnp.flip(f(v, x), 1),
+    np.testing.assert_allclose(f(swapped, jnp.flip(X, 1)), jnp.flip(f(v, X), 1),
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("cls,kw", MIXERS)
-def test_ssm_group_and_initialisation(cls, kw):
-    x = _f32(1, 5, 8)
-    _, v = _init(cls, kw, False, x)
+@pytest.mark.parametrize("cls", dict(MIXERS))
+def test_ssm_group_and_initialisation(cls):
+    _, v, _ = _model(cls, False)
     labels = jax.tree_util.tree_flatten_with_path(param_groups.param_labels(v["params"]))[0]
     ssm = sorted(path[0].key for path, lab in labels if lab != "default")
     assert ssm == ["A_log", "D", "dt_bias"], labels
@@ -219,7 +216,7 @@ def test_registered_and_trainable_in_a_model(name):
     from sptlib.models import build_model
     from sptlib.models.config import model_config
     m = model_config()
-    m.mixer, m.d_model, m.n_layers, m.vocab_size, m.max_length, m.ffn_mult = name, 16, 2, 10, 8, 0
+    m.mixer, m.d_model, m.n_layers, m.vocab_size, m.max_length, m.ffn_mult = name, 16, 1, 10, 8, 0
     m.mamba.d_state, m.mamba2.d_state, m.mamba2.head_dim = 4, 4, 8
     assert get_mixer(name) is {"mamba": MambaMixer, "mamba2": Mamba2Mixer}[name]
     model = build_model(m, {"kind": "classify", "num_classes": 3})
