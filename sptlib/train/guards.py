@@ -26,6 +26,7 @@ from absl import logging
 from etils import epath
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sptlib.errors import ResultsError, WriteError
 from sptlib.train import digest as digest_lib
@@ -80,7 +81,8 @@ def _all_finite(params):
 
 def finite_params(params) -> bool:
     """Whether every floating parameter is finite (replicated scalar: same on every process)."""
-    return bool(jax.device_get(_all_finite(params)))
+    out = _all_finite(params)
+    return bool(np.asarray(out.addressable_data(0)))
 
 
 def state_bytes(state) -> int:

@@ -307,12 +307,6 @@ class _Run:
             if save_now and not guards.finite_params(state.params):
                 self._diverged(f"non-finite parameters after step {step}")
             val = self._validate(state) if eval_now else None
-            if val is not None:
-                bad = {k: v for k, v in val.items() if "loss" in k and not guards.finite(v)}
-                if bad:
-                    self._diverged(f"non-finite validation {metrics_lib.format_metrics(bad)} "
-                                   f"of the parameters after step {step}")
-                self.confirmed.add(step)
             if (log_now or save_now) and self.is_main:
                 _write_json(self.spent_path, {"spent_s": self.wall_total()})
             if save_now:
@@ -390,6 +384,11 @@ class _Run:
 
     def _validate(self, state):
         val = self.evaluate(state, "validation", self.stage.eval_steps)
+        bad = {k: v for k, v in val.items() if "loss" in k and not guards.finite(v)}
+        if bad:  # before it is recorded or saved: this covers the last step's update
+            self._diverged(f"non-finite validation {metrics_lib.format_metrics(bad)} of the "
+                           f"parameters after step {self.step}")
+        self.confirmed.add(self.step)
         self.last_val = (self.step, val)
         self.history.append(dict(val, step=self.step))
         _write_json(self.history_path, self.history)
