@@ -79,9 +79,9 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
     """Fills `config.model` for model `name` with `recipe`'s sizes (in place).
 
     A recipe with a `window` gets the local attention kernel (O(L · window) time and memory; a
-    window over `impl="plain"` would only mask a full L × L score matrix). As the paper's code
-    (PyTorch): PyTorch's initialisation of the dense layers (`init_scheme="torch"`) and exact
-    GELU everywhere.
+    window over `impl="plain"` would only mask a full L × L score matrix). The local builders
+    (`sptlib.configs.local`) share it; the paper code's initialisation and GELU are
+    `set_paper_code`'s, for the paper presets only.
     """
     base = variants.family(name)
     m = model_cfg
@@ -89,7 +89,6 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
     m.norm, m.prenorm, m.dropout = recipe.norm, recipe.prenorm, recipe.dropout
     m.ffn_mult, m.pooling = recipe.ffn_mult, recipe.pooling
     m.remat = recipe.remat
-    m.init_scheme, m.gelu_approximate = "torch", False
     m.tie_dropout = recipe.tie_dropout
     m.head_hidden, m.head_activation = recipe.head_hidden, recipe.head_activation
     m.causal = base == "transformer-causal"
@@ -123,8 +122,8 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
         for key in ("dt_min", "dt_max"):
             if getattr(recipe, key) is not None:
                 m[base][key] = getattr(recipe, key)
-        m[base].gelu_approximate, m[base].tie_dropout = False, recipe.tie_dropout
-        m[base].init_scheme = "torch"
+        if recipe.tie_dropout:
+            m[base].tie_dropout = True
         for key, value in recipe.mixer.items():
             if base in MIXER_OPTIONS[key]:
                 m[base][key] = value
@@ -135,6 +134,16 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
     for k, v in (randinit_overrides(name) or {}).items() if name.endswith("-randinit") else ():
         sub, field = k.split(".")
         m[sub][field] = v
+
+
+def set_paper_code(model_cfg) -> None:
+    """What the paper's PyTorch code does that its configs do not state (in place): PyTorch's
+    initialisation of every dense layer (`init_scheme="torch"`, the SSM blocks' output
+    projections too) and exact GELU (FFN, SSM blocks, retrieval head)."""
+    m = model_cfg
+    m.init_scheme, m.gelu_approximate = "torch", False
+    if m.mixer in SSM_BLOCKS:
+        m[m.mixer].init_scheme, m[m.mixer].gelu_approximate = "torch", False
 
 
 def set_optim(stage, recipe: Recipe, ssm: bool) -> None:
@@ -210,6 +219,7 @@ def build(task_name: str, model: str = "s4d", regime: str = "spt-masked", *,
     with c.unlocked():
         c.data.update(task.data)
         set_model(c.model, model, task, recipe)
+        set_paper_code(c.model)
         if variants.family(model) == "gss-hybrid":
             c.model.attention.n_heads = task.transformer.n_heads
         steps = {}
