@@ -163,12 +163,13 @@ def exit_code(e: BaseException) -> int:
     return EXIT_ERROR
 
 
-def write_error(e: OSError, path=None) -> "WriteError":
+def write_error(e: OSError, path=None, *, under: bool = False) -> "WriteError":
     """A one-line `WriteError` for an `OSError` of writing `path` (disk full: with the free
-    space of its file system; a file-size limit: with the limit)."""
+    space of its file system; a file-size limit: with the limit). `under`: `path` is the folder
+    the file was in, not the file."""
     import errno
     where = path or getattr(e, "filename", None) or "?"
-    if path and not getattr(e, "filename", None) and "." not in os.path.basename(str(path)):
+    if under and path:
         where = f"a file under {path}"
     reason = e.strerror or str(e)
     hint = ""
@@ -218,14 +219,16 @@ def find_write_error(e: BaseException, where=None):
         if isinstance(e, WriteError):
             return e
         if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
-            return write_error(e, None if e.filename else where)
+            return write_error(e, None if e.filename else where, under=not e.filename)
         text = str(e)
         for code, needle in ((errno.ENOSPC, "No space left on device"),
                              (errno.EFBIG, "File too large"),
                              (errno.EROFS, "Read-only file system")):
             if needle in text:
                 found = re.search(r"(/[^\s'\"\]\[]+)", text)
-                return write_error(OSError(code, needle), found.group(1) if found else where)
+                if found:
+                    return write_error(OSError(code, needle), found.group(1).rstrip(":;,."))
+                return write_error(OSError(code, needle), where, under=True)
         e = e.__cause__ or e.__context__
     return None
 

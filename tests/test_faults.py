@@ -103,14 +103,50 @@ def _recovers(group, case, lra, wd, ref, *, quarantined_type=None):
 
 # -- checkpoint contents ---------------------------------------------------------------------
 
+def _latest(wd):
+    return wd / "scratch" / "checkpoints" / "4"
+
+
+def _truncate(path, keep=25):
+    path.write_text(path.read_text()[:keep])
+
+
+# (group, case, damage(workdir), what init.quarantined[0].error starts with, or None when
+# nothing is moved aside). Each: a copy of the finished run, damaged, results.json deleted (as if
+# killed after the last checkpoint), rerun; the fingerprint and history must be the reference's.
+RECOVERIES = [
+    ("checkpoints", "wrong bytes (size unchanged) in an array file of the latest checkpoint",
+     lambda wd: _flip_array_bytes(_latest(wd)), "CheckpointDigestError"),
+    ("checkpoints", "corrupt metrics/metrics in the latest checkpoint",
+     lambda wd: _truncate(_latest(wd) / "metrics" / "metrics", 11), "JSONDecodeError"),
+    ("checkpoints", "digest item of the latest checkpoint deleted",
+     lambda wd: shutil.rmtree(_latest(wd) / "digest"), "CheckpointDigestError"),
+    ("checkpoints", "iterator state of the latest checkpoint replaced by another valid one",
+     lambda wd: (_latest(wd) / "data" / "metadata").write_text(json.dumps(
+         {"process_count": 1, "states": [{"format": "none"}], "digest": 1})),
+     "CheckpointDigestError"),
+    ("results", "truncated history.json (killed after the last checkpoint)",
+     lambda wd: _truncate(wd / "scratch" / "history.json"), None),
+    ("results", "truncated wall_time.json",
+     lambda wd: _truncate(wd / "scratch" / "wall_time.json", 5), None),
+]
+
+
 @pytest.mark.slow
-def test_wrong_bytes_in_latest_checkpoint_fall_back(finished, lra, tmp_path):
+@pytest.mark.parametrize("group,case,damage,quarantined", RECOVERIES,
+                         ids=[r[1][:40] for r in RECOVERIES])
+def test_damaged_run_recovers(group, case, damage, quarantined, finished, lra, tmp_path):
     wd = _copy(finished, tmp_path)
-    _flip_array_bytes(wd / "scratch" / "checkpoints" / "4")
-    _recovers("checkpoints", "wrong bytes (size unchanged) in an array file of the latest "
-              "checkpoint", lra, wd, finished[1], quarantined_type="CheckpointDigestError")
-    moved = [p.name.split("-")[0] for p in (wd / "scratch" / "checkpoints" / "corrupt").iterdir()]
-    assert moved == ["4"]
+    damage(wd)
+    res = _recovers(group, case, lra, wd, finished[1], quarantined_type=quarantined)
+    if quarantined:
+        assert res.init["quarantined"][0]["error"].startswith(quarantined)
+        moved = [p.name.split("-")[0] for p in (_latest(wd).parent / "corrupt").iterdir()]
+        assert moved == ["4"]
+    else:
+        assert res.init == {**res.init, "kind": "resume", "step": 4, "quarantined": []}
+        assert json.loads((wd / "scratch" / "history.json").read_text()) == finished[1].history
+        assert list((wd / "scratch").glob("*.json.bad"))
 
 
 def test_digest_catches_same_layout_other_values(tmp_path):
@@ -179,33 +215,6 @@ def test_init_from_refuses_a_checkpoint_whose_values_changed(tmp_path):
     report = transfer.load_pretrained(d / "1", fresh.params, fresh.model_state,
                                       dont_load=("^head/",))[2]
     assert report["verified"] == "verified against the save-time digest"
-
-
-@pytest.mark.slow
-def test_corrupt_metrics_file_falls_back(finished, lra, tmp_path):
-    wd = _copy(finished, tmp_path)
-    (wd / "scratch" / "checkpoints" / "4" / "metrics" / "metrics").write_text('{"loss": 2.3')
-    _recovers("checkpoints", "corrupt metrics/metrics in the latest checkpoint", lra, wd,
-              finished[1], quarantined_type="JSONDecodeError")
-
-
-@pytest.mark.slow
-def test_digest_deleted_is_damage(finished, lra, tmp_path):
-    wd = _copy(finished, tmp_path)
-    shutil.rmtree(wd / "scratch" / "checkpoints" / "4" / "digest")
-    _recovers("checkpoints", "digest item of the latest checkpoint deleted", lra, wd,
-              finished[1], quarantined_type="digest")
-
-
-@pytest.mark.slow
-def test_truncated_history_is_rebuilt_from_the_checkpoint(finished, lra, tmp_path):
-    wd = _copy(finished, tmp_path)
-    hist = wd / "scratch" / "history.json"
-    hist.write_text(hist.read_text()[:25])
-    _recovers("results", "truncated history.json (killed after the last checkpoint)", lra, wd,
-              finished[1])
-    assert (wd / "scratch" / "history.json.bad").exists()
-    assert json.loads(hist.read_text()) == finished[1].history
 
 
 @pytest.mark.slow
