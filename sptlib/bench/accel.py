@@ -196,9 +196,10 @@ def attention_row(fn, *, batch, length, heads, head_dim, dtype, repeats, max_sec
 
     def loss(q, k, v):
         return jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2)
+    t0 = time.perf_counter()
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
     rec = {"shape": f"B {batch}, L {length}, {heads}x{head_dim}", "dtype": dtype,
-           **_memory(compiled)}
+           "compile_s": round(time.perf_counter() - t0, 2), **_memory(compiled)}
     rec["seconds"], rec["calls"] = _time(lambda: compiled(q, k, v), repeats, max_seconds)
     span = min(length, 2 * window + 1) if window else length  # keys per query (interior)
     rec["flops"] = 3 * 4.0 * batch * heads * length * span * head_dim
@@ -233,8 +234,10 @@ def s4d_sptlib(length, s, repeats, max_seconds):
     _, fwdbwd, variables, x = mixers._functions(module, batch, d_model, length)
     traced = fwdbwd.trace(variables, x)
     flops = flop_count.jaxpr_flops(traced.jaxpr.jaxpr) or None
+    t0 = time.perf_counter()
     compiled = traced.lower().compile()
     rec = {"shape": _s4d_shape(s, length), "dtype": "float32", "flops": flops,
+           "compile_s": round(time.perf_counter() - t0, 2),
            "flops_method": "jaxpr (matmuls, FFTs)", **_memory(compiled)}
     rec["seconds"], rec["calls"] = _time(lambda: compiled(variables, x), repeats, max_seconds)
     return _rate(rec)
@@ -376,14 +379,15 @@ def _row_line(rec):
     label = rec["row"] if rec["section"] != "text" else f"{rec['row']} B {rec['batch']}"
     if rec["kind"] != "accel":
         why = rec.get("error") or rec.get("reason", "")
-        return (f"| {label} | {rec.get('shape', '—')} | {rec.get('dtype', '—')} | — | — | — | "
-                f"{rec['kind']}: {why[:160].replace('|', '/')} |")
+        return (f"| {label} | {rec.get('shape', '—')} | {rec.get('dtype', '—')} | — | — | — | — "
+                f"| {rec['kind']}: {why[:160].replace('|', '/')} |")
     ms = rec["seconds"] * 1e3
     tf = rec.get("tflops_per_s")
     tf = "—" if tf is None else (f"{tf:.3g}" if tf < 100 else f"{tf:.0f}")
     note = rec.get("note", "")
+    comp = "—" if rec.get("compile_s") is None else f"{rec['compile_s']:.3g}"
     return (f"| {label} | {rec['shape']} | {rec['dtype']} | {ms:.4g} | {tf} | "
-            f"{_cell_bytes(rec)} | {note} |")
+            f"{_cell_bytes(rec)} | {comp} | {note} |")
 
 
 def ratios(records):
@@ -411,14 +415,15 @@ def render(records, machine=None):
         if not rows:
             continue
         lines += [f"#### {title}", "",
-                  "| row | shape | dtype | ms | TFLOP/s | peak memory | note |",
-                  "|---|---|---|---:|---:|---|---|"]
+                  "| row | shape | dtype | ms | TFLOP/s | peak memory | compile s | note |",
+                  "|---|---|---|---:|---:|---|---:|---|"]
         lines += [_row_line(r) for r in rows] + [""]
     rs = ratios(records)
     if rs:
+        def label(r):
+            return (f"text B {r['batch']} {r['dtype']}" if r["section"] == "text"
+                    else f"S4D L {r['length']}")
         lines.append("sptlib speed ÷ PyTorch (PyTorch seconds / sptlib seconds): " + "; ".join(
-            f"{r['section']} " + " ".join(str(r[k]) for k in r if k not in ("section",
-                                                                             "speedup"))
-            + f": **{r['speedup']:.3g}×**" for r in rs) + ".")
+            f"{label(r)}: **{r['speedup']:.3g}×**" for r in rs) + ".")
         lines.append("")
     return "\n".join(lines) + "\n"
