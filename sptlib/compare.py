@@ -46,7 +46,7 @@ from ml_collections import config_flags
 from sptlib import compare_jobs
 from sptlib.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
 from sptlib import errors
-from sptlib import hostmem
+from sptlib.kernels import platform
 from sptlib import lmreport
 from sptlib import logs
 from sptlib import report
@@ -422,7 +422,7 @@ def _main():
 def run():
     """Console-script entry point (`spt-compare`)."""
     import functools
-    hostmem.reexec_with_malloc_tunables()  # reuse freed buffers (its workers inherit it)
+    platform.prepare_process()  # CPU hosts: keep XLA:CPU's buffers (workers inherit it)
     flags.mark_flags_as_required(["config", "workdir"])
     app.run(main, flags_parser=functools.partial(errors.parse_absl_flags,
                                                  prog="sptlib.compare"))

@@ -132,7 +132,7 @@ class MultiHeadAttention(nn.Module):
     def _project(self, x):
         """x `[..., d_model]` -> scaled q, k, v `[..., heads, head_dim]`."""
         x = x.astype(self.dtype)
-        # linear.project: "...d,dhk->...hk", with a native weight gradient on CPU.
+        # linear.project: "...d,dhk->...hk", with the CPU kernel's weight gradient on CPU.
         q, k, v = (linear.project(x, w.astype(self.dtype)) + b.astype(self.dtype)
                    for w, b in ((self.w_query, self.b_query), (self.w_key, self.b_key),
                                 (self.w_value, self.b_value)))

@@ -54,7 +54,7 @@ def model_config():
     # Compute dtype of the matmuls, attention and norms: auto | float32 | bfloat16 | float16.
     # Parameters, optimizer state, the residual stream, softmax statistics, the head, loss and
     # metrics stay float32. auto = bfloat16 where the step runs on TPU or GPU (their matrix
-    # units are half-precision native), float32 on CPU (sptlib.models.build.compute_dtype).
+    # units are built for half precision), float32 on CPU (sptlib.models.build.compute_dtype).
     c.dtype = "auto"
     # Initialisation of the dense projections (encoder, attention, FFN, heads): linen (fan-in
     # truncated normal, zero biases) | torch (PyTorch's nn.Linear / nn.TransformerEncoderLayer

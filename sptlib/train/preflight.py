@@ -137,7 +137,7 @@ def check_model(m) -> None:
         _choice("config.model.mixer", m.mixer, sorted(layers.MIXERS))
     _choice("config.model.positions", m.positions, ("none", "sinusoidal", "learned"))
     _choice("config.model.encoder", m.encoder, ("token", "linear"))
-    _choice("config.model.dtype", m.get("dtype", "float32"), sorted(build.DTYPES))
+    _choice("config.model.dtype", m.get("dtype", "float32"), sorted(build.DTYPES) + ["auto"])
     _at_least("config.model.d_model", m.d_model, 1)
     _at_least("config.model.n_layers", m.n_layers, 0 if bow else 1)
     _at_least("config.model.max_length", m.max_length, 0)
