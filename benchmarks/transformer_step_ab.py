@@ -6,7 +6,7 @@ sptlib's engine step of `sptlib.bench.peers.TRANSFORMER_CONFIG` (batch 32 x 256 
 AdamW) as built by `sptlib.bench.train_step.prepare`: as configured (`default`: the local
 configs unroll the scanned layer loop, `model.scan_unroll = n_layers`), with the loop rolled
 (`rolled`: `model.scan_unroll=1`, the library default), with the jnp attention instead of the
-fused CPU kernel (`plainattn`: `model.attention.impl="plain"`), with XLA's dots for the small
+fused CPU kernel (`plainattn`: `model.attention.kernel="reference"`), with XLA's dots for the small
 weights' gradients instead of `sptlib.kernels.linear`'s kernel (`xladots`) and with `model.scan_layers=False`
 (`noscan`: named layers, other parameter paths); the plain Flax Linen floor and
 `nn.TransformerEncoder` (`benchmarks/peers/`). Interleaved (A, B, C, D, A, ...), 3 warm-up steps each, `ROUNDS` (15)
@@ -60,13 +60,13 @@ def xla_dots_step():
     """The default step with XLA's dots for the weight gradients (no `sptlib.kernels.linear`
     kernel): the kernel is switched off while the step is traced."""
     from sptlib.kernels import linear
-    orig = linear._native_ok
-    linear._native_ok = lambda *a: False
+    orig = linear._cpu_kernel_ok
+    linear._cpu_kernel_ok = lambda *a: False
     try:
         step = sptlib_step({})
         step()  # traces and compiles now
     finally:
-        linear._native_ok = orig
+        linear._cpu_kernel_ok = orig
     return step
 
 
@@ -76,7 +76,7 @@ def make(name):
     if name == "rolled":
         return sptlib_step({"model.scan_unroll": 1})
     if name == "plainattn":
-        return sptlib_step({"model.attention.impl": "plain"})
+        return sptlib_step({"model.attention.kernel": "reference"})
     if name == "xladots":
         return xla_dots_step()
     if name == "noscan":
