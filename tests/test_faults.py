@@ -3,7 +3,7 @@ and asserts the outcome, either a recovery whose `params_fingerprint` equals the
 run's, or the exact one-line error and its exit status, with nothing lost.
 
 Rows append `{"group", "case", "outcome"}` to the JSON-lines file named by SPTLIB_FAULTS_LOG;
-`python tests/test_faults.py LOG` then rewrites the faults section of docs/bad_inputs.md from it
+`python tests/test_faults.py LOG` (from the repo root) then rewrites the faults section of docs/bad_inputs.md from it
 (run the whole table, slow rows included, with `-m "slow or not slow"`).
 """
 
@@ -27,7 +27,7 @@ from sptlib.train import guards, lock as lock_lib, preflight
 from sptlib.train import results as results_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # also when run as a script (write_doc)
 from test_bad_inputs import _config, snapshot, assert_nothing_lost  # noqa: E402
 
 
@@ -597,14 +597,18 @@ BEGIN, END = "<!-- faults:begin -->", "<!-- faults:end -->"
 
 
 def write_doc(log, doc=ROOT / "docs" / "bad_inputs.md"):
-    rows = [json.loads(ln) for ln in open(log) if ln.strip()]
-    seen, lines = set(), []
-    for group in dict.fromkeys(r["group"] for r in rows):
+    import re
+    latest = {}
+    for ln in open(log):
+        if ln.strip():
+            r = json.loads(ln)
+            latest.pop((r["group"], r["case"]), None)  # the last run of a case is kept
+            latest[(r["group"], r["case"])] = re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/"
+                                                     r"(popen-gw\d+/)?", "<tmp>/", r["outcome"])
+    lines = []
+    for group in dict.fromkeys(g for g, _ in latest):
         lines.append(f"\n### {group}")
-        for r in rows:
-            if r["group"] == group and r["case"] not in seen:
-                seen.add(r["case"])
-                lines.append(f"- {r['case']} — {r['outcome']}")
+        lines += [f"- {case} — {out}" for (g, case), out in latest.items() if g == group]
     text = doc.read_text()
     section = BEGIN + "\n" + "\n".join(lines).strip() + "\n" + END
     if BEGIN in text:
