@@ -19,6 +19,7 @@ import time
 from absl import logging
 from etils import epath
 
+from sptlib import errors
 from sptlib.errors import PreemptedError, ResultsError
 from sptlib.train import config as config_lib
 from sptlib.train import lock as lock_lib
@@ -98,7 +99,16 @@ def _run(config, workdir) -> dict:
             logging.info("=== stage %s (%s) -> %s", name, kind, workdir / name)
             all_results[name] = loop.train_stage(config, name, workdir)
             summary[name] = all_results[name].summary(kind)
-    finally:
+    except BaseException:
+        try:  # the summary of the stages before; never masks the stage's own error
+            _write_summary(workdir, config, summary, time.time() - t0, data_info)
+        except Exception as e:  # pylint: disable=broad-except  (e.g. the same full disk)
+            logging.warning("Could not write %s (%s).", workdir / results_lib.RESULTS_FILE,
+                            errors.one_line(errors.find_write_error(e) or e))
+        raise
+    try:
         out = _write_summary(workdir, config, summary, time.time() - t0, data_info)
+    except OSError as e:
+        raise (errors.find_write_error(e) or e) from e
     logging.info("All stages done: %s", json.dumps(summary, default=str))
     return {"stages": all_results, "summary": out}

@@ -485,6 +485,49 @@ def _wait_for(path, proc, timeout=400):
 
 
 @pytest.mark.slow
+def test_disk_fills_during_training_is_one_line(lra, tmp_path):
+    """A real full file system: the workdir on a 20 MiB tmpfs (root only), filled up by another
+    file while the run trains; the next checkpoint save fails: one line naming the file and the
+    free space, exit 2, the earlier checkpoint intact."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        wd = mnt / "wd"
+        proc = subprocess.Popen(_smoke_cmd(lra, wd, "--config.stages.scratch.num_steps=3000",
+                                           "--config.stages.scratch.eval_every=3000",
+                                           "--config.stages.scratch.checkpoint_every=40",
+                                           "--config.stages.scratch.log_every=40"),
+                                cwd=ROOT, env=_cli_env(), stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(wd / "scratch" / "checkpoints" / "40", proc)
+            with open(mnt / "filler", "wb") as f:  # fill the file system to the last byte
+                try:
+                    while True:
+                        f.write(b"\0" * (1 << 16))
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC
+            _, err = proc.communicate(timeout=400)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        line = [ln for ln in err.strip().splitlines() if ln.strip()][-1]
+        assert proc.returncode == 2, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        assert line.startswith("sptlib.main: error: WriteError: cannot write "), line
+        assert "No space left on device (errno 28)" in line and "MiB free there" in line, line
+        kept = sorted(int(p.name) for p in (wd / "scratch" / "checkpoints").iterdir()
+                      if p.name.isdigit())
+        assert kept and kept[0] == 40
+        record("disk", "the workdir's file system fills up during training (20 MiB tmpfs)",
+               f"one line, exit 2: {line[:260]}")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.slow
 def test_sigint_checkpoints_and_resumes(lra, tmp_path):
     """Ctrl-C mid-run: a checkpoint of the current step, one line, exit 130; the same command
     then finishes with the fingerprint of an uninterrupted run."""

@@ -40,8 +40,12 @@ def write_json(path, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> No
         path.write_text(text)
         return
     tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # e.g. a full disk: no half-written .tmp left behind
+        raise
 
 
 def _json_default(x):
