@@ -168,13 +168,12 @@ def write_error(e: OSError, path=None, *, under: bool = False) -> "WriteError":
     space of its file system; a file-size limit: with the limit). `under`: `path` is the folder
     the file was in, not the file."""
     import errno
-    where = path or getattr(e, "filename", None) or "?"
-    if under and path:
-        where = f"a file under {path}"
+    target = path or getattr(e, "filename", None) or "?"
+    where = f"a file under {target}" if under and path else target
     reason = e.strerror or str(e)
     hint = ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = f"; {_free_space(where)} free there: free some space or use another --workdir"
+        hint = f"; {_free_space(target)} free there: free some space or use another --workdir"
     elif e.errno == errno.EFBIG:
         hint = f"; the file-size limit is {_fsize_limit()} (ulimit -f): raise it"
     elif e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):

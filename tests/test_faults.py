@@ -518,6 +518,9 @@ def test_disk_fills_during_training_is_one_line(lra, tmp_path):
         assert "Traceback" not in err, err[-3000:]
         assert line.startswith("sptlib.main: error: WriteError: cannot write "), line
         assert "No space left on device (errno 28)" in line and "MiB free there" in line, line
+        import re
+        assert float(re.search(r"; ([\d.]+) MiB free there", line).group(1)) < 1.0, line
+        assert str(wd) in line, line
         kept = sorted(int(p.name) for p in (wd / "scratch" / "checkpoints").iterdir()
                       if p.name.isdigit())
         assert kept and kept[0] == 40
