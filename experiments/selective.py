@@ -65,9 +65,10 @@ def run_one(model, task, seed, steps, out):
     import numpy as np
     import optax
 
-    from sptlib.data import probes
-    from sptlib.layers import param_groups
-    from sptlib.models import build_model
+    # JAX and the model stack load in the run process only (the scheduler stays light)
+    from sptlib.data import probes  # (see above)
+    from sptlib.layers import param_groups  # (see above)
+    from sptlib.models import build_model  # (see above)
 
     opts = TASKS[task]
     info = probes.info(task, **opts)
@@ -144,7 +145,7 @@ def run_one(model, task, seed, steps, out):
 def table(out, models, tasks, seeds):
     """Markdown table of the finished runs (mean ± 95% t-interval over seeds, in %)."""
     sys.path.insert(0, ROOT)
-    from sptlib import stats
+    from sptlib import stats  # after sys.path has the repository root (script run)
     lines = ["| model | " + " | ".join(f"{t} acc (%)" for t in tasks) + " | "
              + " | ".join(f"{t} exact (%)" for t in tasks) + " | params | s/run |",
              "|---" * (2 + 2 * len(tasks)) + "|---|"]
