@@ -6,6 +6,7 @@ therefore be exactly its initial ones.
 """
 
 import importlib.util
+import json
 
 import flax
 import jax
@@ -95,6 +96,12 @@ def test_finetune_starts_from_best_pretrain_checkpoint(tmp_path):
                   if p.name.isdigit()) == [3, 6]
     # Profiler trace of the requested window.
     assert any(p.is_file() for p in (tmp_path / "wd" / "pretrain" / "profile").rglob("*"))
+    # The resolved stage it ran as, beside its checkpoints (sptlib.train.resolve).
+    from sptlib import data as data_lib
+    from sptlib.train import resolve
+    saved = json.loads((tmp_path / "wd" / "pretrain" / resolve.RESOLVED_FILE).read_text())
+    expected = resolve.resolve_stage(c, "pretrain", info=data_lib.get_task(c.data).info)
+    assert saved == json.loads(json.dumps(expected.to_json()))
 
     pre_best = _flat(_read_params(best_dir))
     pre_last = _flat(_read_params(tmp_path / "wd" / "pretrain" / "checkpoints" / "6"))

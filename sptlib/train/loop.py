@@ -8,6 +8,8 @@
     config.json           the full resolved config the stage first ran with (never overwritten;
                           a resume with another config adds config.step<N>.json, see guards)
     inputs.json           what the stage was initialised from (init_from: checkpoint, fingerprint)
+    resolved.json         the resolved stage it runs as (sptlib.train.resolve: platform, mesh,
+                          rules, batch shapes, dtype, attention kernel), rewritten at each start
     results.json          final/best step, validation and test metrics of the best and the last
                           checkpoint, wall time, params_fingerprint (see `train_stage`)
     history.json          validation metrics at every evaluation ([{"step": s, metric: v}])
@@ -46,6 +48,7 @@ from sptlib.train import sharding
 from sptlib.train import steps
 from sptlib.train import transfer
 from sptlib.train.results import RESULTS_FILE, StageResults
+from sptlib.train import resolve
 from sptlib.train.sharding import is_main_process
 
 CONFIG_FILE = "config.json"
@@ -104,6 +107,7 @@ def _train_stage(config, stage_name, workdir):
     if is_main_process():
         guards.check_space(stage_dir, built.state)
         stage_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(stage_dir / resolve.RESOLVED_FILE, built.resolved.to_json())
     ckpt = ckpt_lib.StageCheckpointer(stage_dir / ckpt_lib.CHECKPOINTS_DIR, keep=stage.keep,
                                       async_saves=stage.async_checkpoints)
     writer = metrics_lib.create_writer(stage_dir, is_main=is_main_process())
