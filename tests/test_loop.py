@@ -97,7 +97,6 @@ def test_finetune_starts_from_best_pretrain_checkpoint(tmp_path):
     # Profiler trace of the requested window.
     assert any(p.is_file() for p in (tmp_path / "wd" / "pretrain" / "profile").rglob("*"))
     # The resolved stage it ran as, beside its checkpoints (sptlib.train.resolve).
-    from sptlib import data as data_lib
     from sptlib.train import resolve
     saved = json.loads((tmp_path / "wd" / "pretrain" / resolve.RESOLVED_FILE).read_text())
     expected = resolve.resolve_stage(c, "pretrain", info=data_lib.get_task(c.data).info)
