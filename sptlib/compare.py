@@ -240,7 +240,9 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     for spec in specs:
         spec = sweeps.resolve(spec, specs, lambda s: _val_accuracy(s))
         if sweeps.deferred(spec):
-            rec = make_record(spec, None, status="missing", error="its lr sweep is not finished")
+            rec = make_record(spec, None, status="missing", error="its lr sweep (seeds "
+                              f"{','.join(map(str, spec.lr_seeds))}) is not finished or not in "
+                              "--seeds")
         elif is_finished(spec.workdir, spec.config.stage_order):
             rec = make_record(spec, load_results(spec.workdir), status="finished")
         elif report_only:

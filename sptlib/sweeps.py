@@ -180,7 +180,8 @@ def select(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
             kept += per_lr[chosen]
         rows.append({"data_fraction": frac, "model": model, "regime": regime, "lr": chosen,
                      "validation": dict(sorted(scores.items()))})
-    return kept, rows
+    ids = {id(r) for r in kept}
+    return [r for r in records if id(r) in ids], rows  # in the grid's order
 
 
 def markdown(rows: Sequence[dict], records: Sequence[dict] = (), pct: float = 100.0) -> list[str]:
