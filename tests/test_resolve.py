@@ -64,3 +64,14 @@ def test_print_config_prints_every_stage_and_exits(tmp_path):
     assert first["batch"]["inputs"] == [[16, 128], "int32"]
     assert first["model"]["dtype"] == "float32" and first["model"]["attention"]["kernel_chosen"]
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_causal_spt_then_bidirectional_finetune_in_the_resolved_stages():
+    """A stage's `causal` overrides `model.causal`: the causal-SPT preset pretrains causally
+    and finetunes (and AOT-compiles the finetune) bidirectionally, as the release does."""
+    config = presets.build("pathx", "transformer-causal", "spt-causal")
+    info = data_lib.task_info(config.data)
+    pre = resolve.resolve_stage(config, "pretrain", info=info)
+    fin = resolve.resolve_stage(config, "finetune", info=info)
+    assert pre.model_cfg.causal is True and fin.model_cfg.causal is False
+    assert config.model.causal is True  # the config itself is not changed

@@ -143,5 +143,7 @@ class ResidualBlock(nn.Module):
                 branch(h), deterministic=deterministic)
             x = x + h
             if not c.prenorm:
-                x = norm(x, mask=mask, deterministic=deterministic)
+                # The residual stream keeps its dtype (float32 under mixed precision), also
+                # through a post-norm in the compute dtype.
+                x = norm(x, mask=mask, deterministic=deterministic).astype(x.dtype)
         return x

@@ -106,6 +106,9 @@ def resolve_stage(config, stage_name: str, *, devices=None, info=None) -> Resolv
     model_cfg = models.resolve_model_config(config.model, info, where)
     if stage.get("bypass_mixers", False):
         model_cfg.bypass_mixers = True  # mlpinit's stage 1: every sequence mixer bypassed
+    if stage.get("causal") is not None:
+        # The mask is a stage setting: causal SPT, then a bidirectional finetune (the release).
+        model_cfg.causal = bool(stage.causal)
     mesh = sharding.create_mesh(config.mesh, devices)
     rules = tuple(sharding.normalize_rules(config.logical_axis_rules))
     kernel = ""
