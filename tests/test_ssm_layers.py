@@ -151,8 +151,10 @@ def test_param_labels_and_logical_axes():
             assert leaf.value.dtype == jnp.float32  # complex values stored as (re, im) pairs
         labels = ssm_param_labels(params)  # the group is the module's tag on the box
         flat = {jax.tree_util.keystr(p): l for p, l in jax.tree_util.tree_flatten_with_path(labels)[0]}
-        got = {k.split("'")[-2] for k, l in flat.items() if l == "ssm"}
+        got = {k.split("'")[-2] for k, l in flat.items() if l in ("ssm", "ssm_dt")}
         assert got == want, (name, got)
+        dt = {k.split("'")[-2] for k, l in flat.items() if l == "ssm_dt"}
+        assert dt == ({"log_dt"} & want), (name, dt)  # log dt: its own group (optim.ssm_dt_lr)
         assert "default" in flat.values()
 
 
