@@ -48,7 +48,7 @@ Paper numbers to expect (test accuracy; Amos et al. 2024 Table 1, S4 paper, LRA 
     DLR vs S4 (ListOps, Text, Image, PathX mean): DLR ~77 -> 83.4, S4 ~83 -> 84.5 with SPT.
 """
 
-from sptlib.configs import common, local, paper, presets, variants
+from sptlib.configs import common, cpu_sized, paper, presets, variants
 
 POSITIONAL = ("task", "model", "regime")
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "pathx256")
@@ -92,7 +92,7 @@ def get_config(arg="listops,s4,spt-masked"):
         steps = int(a.get("steps", CPU["steps"]))
         sizes = dict(CPU, steps=steps, pretrain_steps=int(a.get("pretrain_steps", steps)),
                      **CPU_SIZES.get(grid, CPU_SIZES["priors"]))
-        return local.local_listops(
+        return cpu_sized.listops(
             model, regime, **sizes, mlpinit_objective=objective,
             compare=dict(compare, title=f"ListOps (generated, CPU-sized), {grid} grid"))
     config = presets.build(task, model, regime, scale=float(a.get("scale", 1.0)),

@@ -2,7 +2,7 @@ r"""Quickstart: does self-pretraining change a Transformer's verdict against S4D
 
     python -m sptlib.compare --config=experiments/quickstart.py --workdir=runs/quickstart
 
-Task: generated Lines gratings (`sptlib.data.lines`, style `gratings`), 8 x 8 grey images read as
+Task: generated Lines gratings (`sptlib.data.orientation`, style `gratings`), 8 x 8 grey images read as
 L = 64 sequences of continuous intensities, noise 0.25; the label is the direction the stripes
 run in (4 balanced classes), and every direction has the same intensity histogram, so only
 relations between neighbouring pixels carry it. 8,000 training images, 1,000 validation and
@@ -24,7 +24,7 @@ longer local reproduction.
     get_config("[model,regime][,steps=<finetune steps>][,pretrain_steps=..][,init=torch|linen]")
 """
 
-from sptlib.configs import common, local
+from sptlib.configs import common, cpu_sized
 
 POSITIONAL = ("model", "regime")
 
@@ -37,7 +37,7 @@ BATCH = 32
 
 def get_config(arg=""):
     a = common.parse_arg(arg, POSITIONAL)
-    c = local.local_lines(
+    c = cpu_sized.lines(
         a.get("model", "s4d"), a.get("regime", "spt-masked"), resolution=8, num_train=8000,
         num_eval=1000, n_layers=2, d_model=64, steps=int(a.get("steps", STEPS)),
         pretrain_steps=int(a.get("pretrain_steps", PRETRAIN_STEPS)), batch_size=BATCH, lr=2e-3,

@@ -42,7 +42,7 @@ jobs allowed (measured below and in docs/reproducing.md).
     get_config("[grid][,model,regime][,steps=..][,pretrain_steps=..][,lrs=a/b/c]")
 """
 
-from sptlib.configs import common, local
+from sptlib.configs import common, cpu_sized
 
 POSITIONAL = ("grid", "model", "regime")
 GRIDS = ("fmnist", "fmnist784", "fmnist_scale", "code", "code_tf")
@@ -102,12 +102,12 @@ def get_config(arg=""):
     if name.startswith("fmnist"):
         data = dict(task="fashion_mnist", input_type="continuous",
                     resolution={196: 14, 784: 28}[g["length"]], test_examples=TEST_EXAMPLES)
-        c = local.local_comparison(model, regime, data=data, generate={}, target="l1",
+        c = cpu_sized.comparison(model, regime, data=data, generate={}, target="l1",
                                    **common_kw)
     else:
         data = dict(task="code_bytes", input_type="tokens", max_length=g["length"],
                     test_examples=TEST_EXAMPLES, code_bytes=dict(window=2048))
-        c = local.local_comparison(model, regime, data=data, generate={}, mask_rate=0.15,
+        c = cpu_sized.comparison(model, regime, data=data, generate={}, mask_rate=0.15,
                                    **common_kw)
     with c.unlocked():
         for s in ("pretrain", "finetune", "scratch"):

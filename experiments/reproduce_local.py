@@ -4,7 +4,7 @@ r"""Long-range local reproduction of the paper's effect on generated Lines grati
 
 The grid runs as one process per core (`config.compare.jobs = 0`, see `sptlib.compare_jobs`).
 
-Task (`sptlib.data.lines`, style `gratings`): 16 x 16 grey images read as L = 256 pixel
+Task (`sptlib.data.orientation`, style `gratings`): 16 x 16 grey images read as L = 256 pixel
 sequences, each a noisy sinusoidal grating (period 3-6 px, random phase and contrast, noise
 0.25); the label is the direction the stripes run in (horizontal, vertical, diagonal,
 anti-diagonal; 4 balanced classes). Every direction has the same intensity histogram, so only
@@ -37,7 +37,7 @@ normalised intensities, Flax's default initialisation, 2,000 + 300 steps.
 (`config.model.init_scheme`); see docs/reproducing.md, "SPT fidelity vs a PyTorch peer".
 """
 
-from sptlib.configs import common, local
+from sptlib.configs import common, cpu_sized
 
 POSITIONAL = ("model", "regime")
 TRAIN = 8000
@@ -59,7 +59,7 @@ def get_config(arg=""):
                          f"{', '.join(SETTINGS)}")
     d = {**SETTINGS[setting], **{k: v for k, v in a.items() if k in SETTINGS[setting]}}
     resolution, fraction = int(d["resolution"]), float(d["fraction"])
-    c = local.local_lines(
+    c = cpu_sized.lines(
         a.get("model", "s4d"), a.get("regime", "spt-masked"), resolution=resolution,
         num_train=TRAIN, num_eval=VAL, n_layers=2, d_model=64, steps=int(d["steps"]),
         pretrain_steps=int(d["pretrain_steps"]), batch_size=32, lr=float(a.get("lr", 2e-3)),

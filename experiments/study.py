@@ -3,7 +3,7 @@ r"""Learning-curve study: where does a scratch Transformer fall behind an SSM, a
     python -m sptlib.compare --config=experiments/study.py --workdir=runs/study256
     python -m sptlib.compare --config=experiments/study.py:length=1024 --workdir=runs/study1024
 
-Task: generated Lines gratings (`sptlib.data.lines`, style `gratings`), sqrt(L) x sqrt(L) grey
+Task: generated Lines gratings (`sptlib.data.orientation`, style `gratings`), sqrt(L) x sqrt(L) grey
 images read as L = 64, 256 or 1,024 sequences of continuous intensities, noise 0.25; the label
 is the direction the stripes run in (4 balanced classes). Every direction has the same intensity
 histogram, so only relations between a pixel and its neighbours (sequence offsets 1 and
@@ -31,7 +31,7 @@ writes `denoising.png`. Measured results: docs/reproducing.md, "Learning-curve s
 
 import math
 
-from sptlib.configs import common, local
+from sptlib.configs import common, cpu_sized
 
 POSITIONAL = ("model", "regime")
 STEPS = 600
@@ -48,7 +48,7 @@ def get_config(arg=""):
     if resolution * resolution != length:
         raise ValueError(f"experiments/study.py: length={length} must be a square (64, 256, "
                          "1024): the task is an image read row by row")
-    return local.local_lines(
+    return cpu_sized.lines(
         a.get("model", "s4d"), a.get("regime", "spt-masked"), resolution=resolution,
         num_train=int(a.get("train", TRAIN)), num_eval=VAL, n_layers=2, d_model=64,
         steps=int(a.get("steps", STEPS)),

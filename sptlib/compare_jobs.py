@@ -132,8 +132,8 @@ def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
     failed, so that the caller writes no table from a partial grid.
     """
     if data_config is not None:
-        from sptlib.data import tasks  # deferred: imports JAX and grain, needed only here
-        tasks.get_task(data_config)
+        from sptlib.data import catalog  # deferred: imports JAX and grain, needed only here
+        catalog.get_task(data_config)
     sets = core_sets(jobs, cores)
     procs = []
     for i in range(jobs):

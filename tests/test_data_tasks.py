@@ -175,7 +175,8 @@ def test_sequence_length_is_the_built_tasks_length(tmp_path, task, fields, want)
 def test_task_info_matches_the_readers_and_hand_written_values():
     """`task_info` (config only; what AOT compiles and benchmarks use) agrees with the readers'
     class lists and with values written out by hand from each task's description."""
-    from sptlib.data import defaults, lines, speech_commands
+    from sptlib.data import defaults, speech_commands
+    from sptlib.data import orientation as lines
     assert defaults.NUM_CLASSES["lines"] == len(lines.CLASS_NAMES) == lines.NUM_CLASSES
     assert defaults.NUM_CLASSES["speech_commands"] == len(speech_commands.WORDS)
     # task, input_type, extra config -> (vocab_size, num_classes, max_length, d_input, pair);

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib.configs import local
+from sptlib.configs import cpu_sized
 from sptlib import models, stages
 from sptlib.models.config import model_config
 
@@ -27,7 +27,7 @@ PRETRAIN_STEPS, FINETUNE_STEPS = 2000, 200
 
 
 def _config(regime, init_scheme="torch"):
-    c = local.local_lines("transformer", regime, resolution=8, num_train=2000, num_eval=200,
+    c = cpu_sized.lines("transformer", regime, resolution=8, num_train=2000, num_eval=200,
                           n_layers=1, d_model=32, n_heads=2, steps=FINETUNE_STEPS,
                           pretrain_steps=PRETRAIN_STEPS, batch_size=32, lr=2e-3,
                           eval_every=FINETUNE_STEPS, target="l1", noise=0.25, style="gratings",

@@ -7,7 +7,7 @@ import pytest
 
 from sptlib import vocab
 from sptlib.data import config as data_config
-from sptlib.data import lm, pipeline, tasks
+from sptlib.data import catalog, lm, pipeline
 from sptlib.data.errors import DataError
 
 
@@ -120,7 +120,7 @@ def test_code_lm_task_from_an_installed_package():
     cfg.lm.max_bytes = 100_000
     cfg.lm.validation_percent = cfg.lm.test_percent = 20
     cfg.lm.eval_tokens = 1024
-    task = tasks.get_task(cfg)
+    task = catalog.get_task(cfg)
     assert task.info["vocab_size"] == lm.BYTE_LM_VOCAB_SIZE == 259
     assert task.num_examples("test") == 1024 // 128
     assert len(task.info["corpus_checksum"]) == 64

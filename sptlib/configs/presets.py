@@ -80,7 +80,7 @@ def set_model(model_cfg, name: str, task: TaskSpec, recipe: Recipe) -> None:
 
     A recipe with a `window` gets the local attention kernel (O(L · window) time and memory; a
     window over `impl="plain"` would only mask a full L × L score matrix). The local builders
-    (`sptlib.configs.local`) share it; the paper code's initialisation and GELU are
+    (`sptlib.configs.cpu_sized`) share it; the paper code's initialisation and GELU are
     `set_paper_code`'s, for the paper presets only.
     """
     base = variants.family(name)

@@ -3,7 +3,7 @@
 Public API: `data_config()` (the `config.data` schema), `task_info(config.data)` and
 `sequence_length(config.data)` (a task's `info` and length from its config alone, JAX-free) and `get_task(config.data) -> Task` with `task.info` and
 `task.make_iterator(split, *, batch_size, seed, ...)`; see docs/data.md. A new task is a builder
-`@sptlib.data.task.register(name)` beside its reader, imported by `sptlib/data/tasks.py`.
+`@sptlib.data.registry.register(name)` beside its reader, imported by `sptlib/data/catalog.py`.
 """
 
 from sptlib.data.config import TASKS, data_config
@@ -11,11 +11,11 @@ from sptlib.data.defaults import sequence_length, task_info
 
 
 def get_task(data_cfg):
-    """Builds the `Task` named by `data_cfg.task` (see `sptlib.data.tasks.get_task`)."""
+    """Builds the `Task` named by `data_cfg.task` (see `sptlib.data.catalog.get_task`)."""
     # Deferred: the builders need grain, which imports JAX; configs and the JAX-free compare
     # CLI import `sptlib.data` for `data_config` only.
-    from sptlib.data import tasks
-    return tasks.get_task(data_cfg)
+    from sptlib.data import catalog
+    return catalog.get_task(data_cfg)
 
 
 __all__ = ["TASKS", "data_config", "get_task", "sequence_length", "task_info"]

@@ -9,10 +9,7 @@ import os
 
 import numpy as np
 
-from sptlib.data import sources, tokenizers
-from sptlib.data.defaults import sequence_length, task_info
 from sptlib.data.errors import BOM, DataError, located
-from sptlib.data.task import Task, check_tokens, missing_lra_error, register
 
 FOLDER = "tsv_data"
 SPLIT_FILES = {"train": "new_aan_pairs.train.tsv", "validation": "new_aan_pairs.eval.tsv",
@@ -57,26 +54,3 @@ def read_split(path):
             docs2.append(np.frombuffer(cols[4], np.uint8))
     logging.info("AAN: read %d pairs from %s", len(labels), path)
     return docs1, docs2, np.asarray(labels, np.int32)
-
-
-# ---------------------------------------------------------------------------------------------
-# The task
-
-
-@register("retrieval")
-def build(cfg):
-    """The `retrieval` Task: pairs of byte-level documents from the release's TSVs, or TFDS."""
-    check_tokens(cfg, "retrieval")
-    max_length = sequence_length(cfg)
-    if not os.path.exists(split_path(cfg.lra_dir, "train")):
-        raise missing_lra_error(cfg.lra_dir, f"{FOLDER}/{SPLIT_FILES['train']}", "retrieval")
-    if cfg.source == "tfds":
-        # Deferred: TFDS (TensorFlow) loads only for source='tfds'; lra_tfds imports this module.
-        from sptlib.data import lra_tfds
-        load = lambda split: lra_tfds.retrieval_source(cfg, split, max_length)  # noqa: E731
-    else:
-        def load(split):
-            d1, d2, labels = read_split(split_path(cfg.lra_dir, split))
-            return sources.PairTokenSource(d1, d2, labels, max_length,
-                                           id_offset=tokenizers.vocab.NUM_SPECIAL)
-    return Task(cfg, task_info(cfg), load)

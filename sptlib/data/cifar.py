@@ -7,7 +7,7 @@ import numpy as np
 
 from sptlib.data import sources
 from sptlib.data.defaults import CIFAR_LENGTH, task_info
-from sptlib.data.task import Task, register
+from sptlib.data.registry import Task, register
 
 SPLITS = {"train": "train[:45000]", "validation": "train[45000:]", "test": "test"}
 

@@ -44,7 +44,7 @@ from sptlib import vocab
 from sptlib.data import lm, sources
 from sptlib.data.defaults import sequence_length, task_info
 from sptlib.data.errors import DataError
-from sptlib.data.task import SPLITS, Task, check_tokens, register
+from sptlib.data.registry import SPLITS, Task, check_tokens, register
 
 # Ten packages with over 1 MB of Python each, installed with sptlib (its dependencies and the
 # packaging tools of every virtual environment).

@@ -17,7 +17,7 @@ def data_config():
     """Returns the default data config (ListOps from `lra_dir`); experiments override fields."""
     c = ml_collections.ConfigDict()
     # Task: listops | text | retrieval | image | scifar | pathfinder | pathx | pathx256 |
-    # speech_commands | fashion_mnist | lines (generated in memory, sptlib/data/lines.py) |
+    # speech_commands | fashion_mnist | lines (generated in memory, sptlib/data/orientation.py) |
     # code_lm | pg19 | lm1b | arxiv (causal LM windows, sptlib/data/lm.py) | code_bytes (which
     # package a window of Python source is from, sptlib/data/code_bytes.py).
     c.task = "listops"

@@ -1,7 +1,7 @@
 """Each task's `Task.info` from its `config.data` alone: no data read, no JAX (grain) imported.
 
 `task_info(config.data)` is the one home of every task's vocabulary size, class count, sequence
-length, channels and pairing: the builders (`sptlib.data.tasks`) return it as `task.info`, and
+length, channels and pairing: the builders (`sptlib.data.catalog`) return it as `task.info`, and
 code that must not read data (FLOP estimates, AOT compiles, benchmarks) calls it directly.
 """
 

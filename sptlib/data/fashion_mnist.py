@@ -18,7 +18,7 @@ import numpy as np
 from sptlib.data import sources
 from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.errors import DataError
-from sptlib.data.task import Task, register
+from sptlib.data.registry import Task, register
 
 INSTALL_HINT = ("install it with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu) "
                 "or set config.data.fashion_mnist_dir to a folder with the idx files")

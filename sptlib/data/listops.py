@@ -18,11 +18,9 @@ import random
 
 import numpy as np
 
-from sptlib.data import sources, tokenizers
-from sptlib.data.defaults import sequence_length, task_info
+from sptlib.data import tokenizers
 from sptlib.data.errors import DataError, decode_line, int_label, located
 from sptlib.data.release import check_count, write_atomically
-from sptlib.data.task import Task, check_tokens, missing_lra_error, register
 from sptlib.errors import ConfigError
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -216,38 +214,3 @@ def _progress(total, desc, enabled):
         return _NoBar()
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="ex")
-
-
-# ---------------------------------------------------------------------------------------------
-# The task
-
-
-@register("listops")
-def build(cfg):
-    """The `listops` Task: the release's TSVs (generated first when missing and allowed) or TFDS."""
-    check_tokens(cfg, "listops")
-    max_length = sequence_length(cfg)
-    gen = cfg.generate
-    if not os.path.exists(split_path(cfg.lra_dir, "train")):
-        if gen.enabled:
-            logging.info("ListOps: generating %d/%d/%d examples in %s", gen.num_train,
-                         gen.num_val, gen.num_test, cfg.lra_dir)
-            generate_release(cfg.lra_dir, num_train=gen.num_train, num_val=gen.num_val,
-                             num_test=gen.num_test, seed=gen.seed, min_length=gen.min_length,
-                             max_length=gen.max_length)
-        else:
-            raise missing_lra_error(
-                cfg.lra_dir, f"{FOLDER}/basic_train.tsv", "listops",
-                f"python -m sptlib.data listops --out {cfg.lra_dir} --num_train 96000 "
-                f"--num_val 2000 --num_test 2000 --seed 0")
-
-    if cfg.source == "tfds":
-        # Deferred: TFDS (TensorFlow) loads only for source='tfds'; lra_tfds imports this module.
-        from sptlib.data import lra_tfds
-        load = lambda split: lra_tfds.listops_source(cfg, split, max_length)  # noqa: E731
-    else:
-        def load(split):
-            seqs, labels = read_split(split_path(cfg.lra_dir, split))
-            return sources.TokenSource(seqs, labels, max_length)
-
-    return Task(cfg, task_info(cfg), load)

@@ -24,10 +24,8 @@ import os
 import numpy as np
 
 from sptlib.data import sources
-from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.errors import DataError, int_label, located
 from sptlib.data.release import check_count, write_atomically
-from sptlib.data.task import Task, missing_lra_error, register
 from sptlib.errors import ConfigError
 
 DIFFICULTIES = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
@@ -310,50 +308,3 @@ class PathfinderSource:
         ex = sources.filler_values(self.input_type, self.resolution ** 2, 1)
         ex.update(label=np.int32(0), example_mask=np.bool_(False))
         return ex
-
-
-# ---------------------------------------------------------------------------------------------
-# The tasks (pathfinder 32 px, pathx 128 px, pathx256 256 px unless data.resolution is set)
-
-
-@register("pathfinder", "pathx", "pathx256")
-def build(cfg):
-    """The Pathfinder-family Task: the release's PNGs (generated when missing and allowed)."""
-    res = task_resolution(cfg)
-    difficulty = cfg.difficulty
-    if difficulty not in DIFFICULTIES.values():
-        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES.values())}")
-    folder = folder_path(cfg.lra_dir, res, difficulty)
-    contour = {v: k for k, v in DIFFICULTIES.items()}[difficulty]
-    if not os.path.isdir(os.path.join(folder, "metadata")):
-        gen = cfg.generate
-        if gen.enabled:
-            contour = int(gen.contour_length) or contour
-            num = gen.num_train + gen.num_val + gen.num_test
-            logging.info("Pathfinder: generating %d images at %d px in %s", num, res, cfg.lra_dir)
-            # Validation and test images from a seed never used for training images.
-            generate_release(cfg.lra_dir, resolution=res, num=num, seed=gen.seed,
-                             contour_length=contour, held_out_from=train_size(num))
-        else:
-            raise missing_lra_error(
-                cfg.lra_dir, f"pathfinder{res}/{difficulty}/metadata/", cfg.task,
-                f"python -m sptlib.data pathfinder --out {cfg.lra_dir} --resolution {res} "
-                f"--num 200000 --seed 0 --contour_length {contour}")
-    max_length = res * res
-    if int(cfg.max_length) and int(cfg.max_length) != max_length:
-        raise ValueError(f"{cfg.task}: max_length is fixed at {max_length} (resolution {res})")
-    state = {}
-
-    def load(split):
-        if cfg.source == "tfds":
-            # Deferred: TFDS (TensorFlow) loads only for source='tfds'; lra_tfds imports this
-            # module.
-            from sptlib.data import lra_tfds
-            return lra_tfds.pathfinder_source(cfg, split, res, difficulty)
-        if "index" not in state:
-            state["index"] = read_index(folder)
-        entries, empty = state["index"]
-        return PathfinderSource(split_entries(entries, split), res, cfg.input_type,
-                                num_empty=empty)
-
-    return Task(cfg, task_info(cfg), load)

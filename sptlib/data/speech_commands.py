@@ -19,9 +19,7 @@ import wave
 import numpy as np
 
 from sptlib.data import sources, tokenizers
-from sptlib.data.defaults import sequence_length, task_info
 from sptlib.data.errors import DataError, located
-from sptlib.data.task import Task, register
 
 WORDS = tuple(sorted((
     "backward", "bed", "bird", "cat", "dog", "down", "eight", "five", "follow", "forward",
@@ -155,24 +153,3 @@ class SpeechCommandsSource:
         ex = filler(self.input_type, self.length)
         ex["example_mask"] = np.bool_(False)
         return ex
-
-
-# ---------------------------------------------------------------------------------------------
-# The task
-
-
-@register("speech_commands")
-def build(cfg):
-    """The `speech_commands` Task (SC35) from the raw v0.02 release, or its TFDS copy."""
-    length = sequence_length(cfg)
-    root = cfg.speech_commands_dir
-    check_root(root)  # a missing or partial release fails before training
-    if cfg.source == "tfds":
-        # Deferred: TFDS (TensorFlow) loads only for source='tfds'; speech_commands_tfds imports
-        # this module.
-        from sptlib.data import speech_commands_tfds
-        load = lambda split: speech_commands_tfds.source(cfg, split, length)  # noqa: E731
-    else:
-        def load(split):
-            return SpeechCommandsSource(root, list_split(root, split), length, cfg.input_type)
-    return Task(cfg, task_info(cfg), load)

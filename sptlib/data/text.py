@@ -4,7 +4,7 @@ import numpy as np
 
 from sptlib.data import sources, tokenizers
 from sptlib.data.defaults import sequence_length, task_info
-from sptlib.data.task import Task, check_tokens, register
+from sptlib.data.registry import Task, check_tokens, register
 
 # LRA uses the IMDB test split for both validation and test.
 SPLITS = {"train": "train", "validation": "test", "test": "test"}

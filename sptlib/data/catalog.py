@@ -1,7 +1,8 @@
 """`get_task(config.data) -> Task`: one entry point for every task (docs/architecture.md, "Data").
 
-Each task's builder sits beside its reader and registers itself (`sptlib.data.task.register`);
-importing the modules below fills the registry. Task defaults (LRA / the SPT paper):
+Each task's builder registers itself (`sptlib.data.registry.register`), beside its reader or, for
+the file-backed tasks with a TFDS copy, in `file_tasks.py`; importing the modules below fills the
+registry. Task defaults (LRA / the SPT paper):
   listops          tokens, 10 classes, 2000 long          <lra_dir>/listops-1000/   (listops.py)
   text             bytes, 2 classes, 4096                  TFDS imdb_reviews (text.py)
   retrieval        bytes, pairs, 2 classes, 4000 per doc   <lra_dir>/tsv_data/       (aan.py)
@@ -11,18 +12,18 @@ importing the modules below fills the registry. Task defaults (LRA / the SPT pap
   pathx / pathx256 128 x 128 = 16384 / 256 x 256 = 65536   <lra_dir>/pathfinder{128,256}/
   speech_commands  raw 16 kHz audio, 16000, 35 classes     <speech_commands_dir>/ (SC35, v0.02)
   fashion_mnist    784 (or 196 at resolution 14), 10       /usr/share/datasets/fashion-mnist/
-  lines            R x R (default 16 x 16), 4 classes      generated in memory (lines.py)
+  lines            R x R (default 16 x 16), 4 classes      generated in memory (orientation.py)
   code_lm          causal LM, bytes, windows of 512        Python source of installed packages
   code_bytes       bytes, 10 classes (packages), 2048      the same sources (code_bytes.py)
-  pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (lm.py, lm_task.py)
+  pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (lm.py, causal_lm.py)
 Every `Task.info` (and so its sequence length) is `sptlib.data.defaults.task_info(config.data)`.
 """
 
 # Imported for their `register` calls: every task's builder.
-from sptlib.data import aan, cifar, code_bytes, fashion_mnist, lines, listops  # noqa: F401
-from sptlib.data import lm_task, pathfinder, speech_commands, text  # noqa: F401
+from sptlib.data import causal_lm, cifar, code_bytes, fashion_mnist, file_tasks  # noqa: F401
+from sptlib.data import orientation, text  # noqa: F401
 from sptlib.data.config import TASKS
-from sptlib.data.task import BUILDERS, Task
+from sptlib.data.registry import BUILDERS, Task
 
 __all__ = ["Task", "get_task"]
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sptlib import data as data_lib
-from sptlib.data import lines
+from sptlib.data import orientation as lines
 
 LIT = 0.55 * 255  # segment/dot pixels are >= 0.6, background <= 0.25
 

@@ -8,7 +8,7 @@ first `data.lm.eval_tokens` tokens when that is set, so longer windows see the s
 
 from sptlib.data import lm
 from sptlib.data.defaults import sequence_length, task_info
-from sptlib.data.task import Task, check_tokens, register
+from sptlib.data.registry import Task, check_tokens, register
 
 
 @register(*lm.LM_TASKS)

@@ -1,4 +1,4 @@
-"""Generated "Lines" images: which way does the one line segment among scattered dots run?
+"""The generated orientation images of the `lines` task: which way does the line (or stripe) run?
 
 A CPU-sized image task for the local reproduction (docs/reproducing.md). Each R x R grey image
 (default 16 x 16, read as an L = R*R pixel sequence) holds background noise, isolated dots and
@@ -24,7 +24,7 @@ import numpy as np
 from sptlib.data import sources
 from sptlib.data.defaults import resolution as task_resolution, task_info
 from sptlib.data.release import check_count
-from sptlib.data.task import Task, register
+from sptlib.data.registry import Task, register
 from sptlib.errors import ConfigError
 
 NUM_CLASSES = 4

@@ -1,8 +1,9 @@
 """What every task builder uses: `Task` and `register` (its `info` is `defaults.task_info`).
 
-A task's builder lives beside its reader (e.g. `listops.build` in `listops.py`) and registers
-itself with `@register(name)`; `sptlib.data.get_task` (in `tasks.py`) imports every builder
-module and dispatches on `config.data.task`.
+A task's builder registers itself with `@register(name)`, beside its reader (e.g. `build` in
+`fashion_mnist.py`) or, for the tasks with a TFDS copy, in `file_tasks.py`;
+`sptlib.data.get_task` (in `catalog.py`) imports every builder module and dispatches on
+`config.data.task`.
 """
 
 import logging

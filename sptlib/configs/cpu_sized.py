@@ -17,34 +17,34 @@ from sptlib.configs.paper import TASKS, Recipe
 from sptlib.configs.presets import add_compare, apply_regime, set_model, set_optim
 from sptlib.train import config as train_config
 
-def local_lines(model: str, regime: str, *, resolution: int, num_train: int, num_eval: int,
+def lines(model: str, regime: str, *, resolution: int, num_train: int, num_eval: int,
                 data_seed: int = 0, noise: float = 0.25, input_type: str = "continuous",
                 style: str = "segments", **kwargs) -> ml_collections.ConfigDict:
-    """A CPU-sized comparison on generated Lines images (`sptlib.data.lines`; the local
+    """A CPU-sized comparison on generated Lines images (`sptlib.data.orientation`; the local
     reproduction). Validation and test images come from a stream no training image uses.
     input_type: continuous (linear encoder + mask channel) | tokens (256 pixel tokens)."""
     data = dict(task="lines", input_type=input_type, resolution=resolution)
     generate = dict(enabled=True, seed=data_seed, num_train=num_train, num_val=num_eval,
                     num_test=num_eval, noise=noise, style=style)
-    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
+    return comparison(model, regime, data=data, generate=generate, **kwargs)
 
 
-def local_listops(model: str, regime: str, *, num_train: int, num_eval: int, min_length: int,
+def listops(model: str, regime: str, *, num_train: int, num_eval: int, min_length: int,
                   max_length: int, data_seed: int = 0, **kwargs) -> ml_collections.ConfigDict:
     """A CPU-sized ListOps comparison on generated expressions (`sptlib.data.listops.generate`:
     the LRA generator with a short length window, exclusive bounds `min_length < len <
     max_length` source tokens). Masked SPT masks 10% of the tokens (the paper's ListOps rate)
-    unless `mask_rate` is given. `kwargs`: see `local_comparison`."""
+    unless `mask_rate` is given. `kwargs`: see `comparison`."""
     data = dict(task="listops", input_type="tokens", max_length=max_length,
                 lra_dir=os.path.join("data", f"listops_gen_seed{data_seed}_n{num_train}"
                                      f"_len{min_length}-{max_length}"))
     generate = dict(enabled=True, seed=data_seed, num_train=num_train, num_val=num_eval,
                     num_test=num_eval, min_length=min_length, max_length=max_length)
     kwargs.setdefault("mask_rate", TASKS["listops"].mask_rate)
-    return local_comparison(model, regime, data=data, generate=generate, **kwargs)
+    return comparison(model, regime, data=data, generate=generate, **kwargs)
 
 
-def local_comparison(model: str, regime: str, *, data: dict, generate: dict, n_layers: int,
+def comparison(model: str, regime: str, *, data: dict, generate: dict, n_layers: int,
                      d_model: int, steps: int, pretrain_steps: int, batch_size: int, lr: float,
                      eval_every: int, compare: dict, n_heads: int = 4, ffn_mult: int = 2,
                      d_state: int = 64, mask_rate: float = 0.5, target: str = "pixel256",
