@@ -64,7 +64,7 @@ setup(
     entry_points={
         "console_scripts": [
             "spt-train=sptlib.main:run",
-            "spt-compare=sptlib.compare:run",
+            "spt-compare=sptlib.protocol.compare:run",
         ]
     },
 )

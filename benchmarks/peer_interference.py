@@ -7,7 +7,7 @@ Right after a call a framework's thread pool keeps spinning for a while (PyTorch
 XLA's intra-op pool); on 2 cores that slows whichever call comes next. This is why
 `sptlib.bench.peers.time_interleaved` pauses before each timed call. The steps are those of
 `benchmarks/transformer_step_ab.py` (`default`, `torch`). Prints medians per (step, pause).
-Results: docs/performance_notes.md.
+Results: the history of docs/performance_notes.md (git show ded39a6:docs/performance_notes.md).
 """
 
 import os

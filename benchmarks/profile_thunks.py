@@ -14,7 +14,7 @@ its HLO `op_name` (the JAX source path: module, layer, primitive) and grouped in
 attention dots, the rest of attention (softmax, masks, transposes), FFN, norms, SSM kernel /
 convolution / output projection, optimiser, other. Thunks can overlap on the two cores, so the
 sum may exceed the wall time; it shows where the work is, not the critical path. Results:
-docs/performance_notes.md.
+docs/performance_notes.md (its history: git show ded39a6:docs/performance_notes.md).
 """
 
 import ast

@@ -8,7 +8,7 @@ against PyTorch eager, interleaved (JAX, torch, JAX, torch, ...; 15 rounds after
 medians in ms. The attention core is timed in JAX three ways (sptlib's plain kernel, its
 chunked kernel with one chunk covering L, `jax.nn.dot_product_attention`) and in torch two ways
 (the same matmul-softmax-matmul, and `scaled_dot_product_attention`, the fused CPU kernel that
-`nn.TransformerEncoder` uses). Results: docs/performance_notes.md.
+`nn.TransformerEncoder` uses). Results: the history of docs/performance_notes.md (git show ded39a6:docs/performance_notes.md).
 """
 
 import os

@@ -11,7 +11,7 @@ weights' gradients instead of `sptlib.kernels.linear`'s kernel (`xladots`) and w
 (`noscan`: named layers, other parameter paths); the plain Flax Linen floor and
 `nn.TransformerEncoder` (`benchmarks/peers/`). Interleaved (A, B, C, D, A, ...), 3 warm-up steps each, `ROUNDS` (15)
 rounds, medians; `SETTLE` seconds of pause before each timed call (default 0; see
-benchmarks/peer_interference.py). Results: docs/performance_notes.md.
+benchmarks/peer_interference.py). Results: the history of docs/performance_notes.md (git show ded39a6:docs/performance_notes.md).
 """
 
 import os

@@ -5,7 +5,7 @@
 Each setting runs in a fresh process (XLA reads `XLA_FLAGS` once, at start-up), pinned to one
 core with `taskset` when `--core` is given; the default setting is measured first and last so
 that drift shows. Prints one JSON line per setting: median and minimum step time over `rounds`
-steps after 3 warm-up steps, and the first (compiling) step. Results: docs/performance_notes.md.
+steps after 3 warm-up steps, and the first (compiling) step. Results: the history of docs/performance_notes.md (git show ded39a6:docs/performance_notes.md).
 """
 
 import argparse

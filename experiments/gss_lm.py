@@ -5,7 +5,7 @@ CPU default (no argument): the offline code corpus (`task='code_lm'`: the Python
 installed sptlib dependencies, ~4 MB of bytes, file-level 90/5/5 split; sptlib/data/lm.py), byte
 tokens, GSS, GSS-Hybrid, DSS and a causal Transformer at about equal parameters, trained at
 L = 512 for the same number of steps, 2 seeds; then every best checkpoint is scored on the same
-held-out files with windows of 1x, 2x, 4x, 8x and 16x 512 tokens (`sptlib.lmeval`):
+held-out files with windows of 1x, 2x, 4x, 8x and 16x 512 tokens (`sptlib.protocol.lmeval`):
 
     python -m sptlib.compare --config=experiments/gss_lm.py --workdir=runs/gss_lm
 
@@ -31,7 +31,7 @@ model (`--config.data.lm.spm_model=...`, `pip install sptlib[lm]`); bytes when u
 """
 
 from sptlib.configs import common, paper, presets
-from sptlib import meshes
+from sptlib.slices import meshes
 from sptlib.train import config as train_config
 
 POSITIONAL = ("dataset", "model", "regime")
@@ -139,7 +139,7 @@ def get_config(arg=""):
                                    "evaluate at 1x-16x" if cpu
                                    else f"GSS LM, paper sizes: {dataset}"))
         if cpu:
-            # One process per core (sptlib.compare_jobs): small models use 2 cores better as
+            # One process per core (sptlib.protocol.compare_jobs): small models use 2 cores better as
             # two 1-core processes than as one 2-core process.
             c.compare.jobs = 0
         else:

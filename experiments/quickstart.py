@@ -14,7 +14,7 @@ docs/reproducing.md says why it matters for SPT) x scratch (STEPS), scratch-equa
 (PRETRAIN_STEPS + STEPS) and masked SPT (50% of the pixels, L1 on the normalised intensities as
 for LRA Image, PRETRAIN_STEPS, then STEPS of finetuning with a fresh head) x 3 seeds = 18 runs,
 batch 32, AdamW lr 2e-3 cosine, weight decay 0.01 (SSM parameters lr 1e-3, no decay). The grid
-runs as one process per core (`config.compare.jobs = 0`, see `sptlib.compare_jobs`). The
+runs as one process per core (`config.compare.jobs = 0`, see `sptlib.protocol.compare_jobs`). The
 measured table, its wall time and what it shows are in the README and docs/reproducing.md.
 
 Add the bag-of-words control with `--models=transformer,s4d,bow` (it cannot beat chance here:

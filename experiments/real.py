@@ -17,7 +17,7 @@ docs/reproducing.md, "Real data"; only `fmnist` and `code` were run there):
                 masked SPT (50% of the pixels, L1 on the normalised intensity,
                 `FMNIST_PRETRAIN` steps, then `FMNIST_STEPS` with a fresh head) x 3 seeds, at
                 the lrs `LRS`: seed 0 runs every lr, seeds 1 and 2 the lr seed 0's validation
-                chose for the cell (`config.compare.lr_seeds`, `sptlib.sweeps`): 35 runs.
+                chose for the cell (`config.compare.lr_seeds`, `sptlib.protocol.sweeps`): 35 runs.
   code          byte-level source-code classification (`sptlib.data.code_bytes`: which of 10
                 installed packages a 2,048-byte window of Python comes from, 2,880 / 750 / 720
                 windows), S4D and bow at L = 2048, masked SPT on 15% of the bytes,

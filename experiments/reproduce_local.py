@@ -2,7 +2,7 @@ r"""Long-range local reproduction of the paper's effect on generated Lines grati
 
     python -m sptlib.compare --config=experiments/reproduce_local.py --workdir=runs/reproduce
 
-The grid runs as one process per core (`config.compare.jobs = 0`, see `sptlib.compare_jobs`).
+The grid runs as one process per core (`config.compare.jobs = 0`, see `sptlib.protocol.compare_jobs`).
 
 Task (`sptlib.data.orientation`, style `gratings`): 16 x 16 grey images read as L = 256 pixel
 sequences, each a noisy sinusoidal grating (period 3-6 px, random phase and contrast, noise

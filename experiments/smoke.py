@@ -32,15 +32,8 @@ def get_config(arg=None):
     c.model.n_layers = 2
     c.model.attention.n_heads = 2
     for name in ("pretrain", "finetune", "scratch"):
-        s = c.stages[name]
-        s.num_steps = 30
-        s.batch_size = 16
-        s.eval_batch_size = 32
-        s.eval_every = 10
-        s.checkpoint_every = 10
-        s.keep = 2
-        s.log_every = 10
-        s.optim.lr = 3e-3
-        s.optim.warmup_steps = 5
+        c.stages[name].update(num_steps=30, batch_size=16, eval_batch_size=32, eval_every=10,
+                              checkpoint_every=10, keep=2, log_every=10)
+        c.stages[name].optim.update(lr=3e-3, warmup_steps=5)
     c.stages.pretrain.objective.mask_rate = 0.1
     return c

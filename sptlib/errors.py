@@ -2,7 +2,7 @@
 
 Every error sptlib raises on bad input is a `SptlibError` whose message names the file, line,
 config key or flag at fault and says what to do. The command lines (`sptlib.main`,
-`sptlib.compare`, `python -m sptlib.data`, `sptlib.lengthgen`) print such an error as ONE line
+`sptlib.protocol.compare`, `python -m sptlib.data`, `sptlib.protocol.lengthgen`) print such an error as ONE line
 and exit with status 2 (`--verbose` or `SPTLIB_TRACEBACK=1` adds the traceback); any other
 exception is a bug and keeps its traceback.
 

@@ -1,4 +1,4 @@
-"""Logging set-up shared by the command-line entry points (`sptlib.main`, `sptlib.compare`)."""
+"""Logging set-up shared by the command-line entry points (`sptlib.main`, `sptlib.protocol.compare`)."""
 
 import glob
 import importlib.metadata
@@ -62,7 +62,7 @@ def _other_jax_plugins() -> bool:
 
 def cpu_only_without_tpu() -> bool:
     """Keeps JAX on the CPU when libtpu is installed (the `[tpu]` and `[test]` extras, for
-    `sptlib.aot`) but the machine has no TPU chip and no other accelerator plugin.
+    `sptlib.slices.aot`) but the machine has no TPU chip and no other accelerator plugin.
 
     Otherwise JAX loads and starts libtpu on every run, and libtpu sometimes writes warnings
     about TPU VM metadata (accelerator type, worker hostnames) that a CPU machine cannot have.
@@ -77,3 +77,10 @@ def cpu_only_without_tpu() -> bool:
 
     jax.config.update("jax_platforms", "cpu")
     return True
+
+
+def define_verbose_flag():
+    """`--verbose` of every command line: print the traceback of errors, not one line."""
+    from absl import flags  # absl only where a command line defines its flags
+    return flags.DEFINE_bool("verbose", False, "Print the traceback of errors (also: "
+                             "SPTLIB_TRACEBACK=1).")

@@ -1,4 +1,4 @@
-"""Command line entry point: flags only, then `sptlib.stages.run(config, workdir)`.
+"""Command line entry point: flags only, then `sptlib.protocol.stages.run(config, workdir)`.
 
     python -m sptlib.main --config=experiments/smoke.py --workdir=/tmp/smoke \
         [--config.stages.pretrain.num_steps=100] [--verbose]
@@ -27,8 +27,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "--config.a.b=value.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (local path or gs://...); each "
                                "stage writes to workdir/<stage>/.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Print the traceback of errors (also: "
-                             "SPTLIB_TRACEBACK=1).")
+_VERBOSE = logs.define_verbose_flag()
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved run as JSON (per stage: platform, mesh on the "
     "devices present, logical rules, batch shapes, compute dtype, attention kernel) and exit; "
@@ -48,7 +47,7 @@ def main(argv):
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required (or --print_config)")
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
-    from sptlib import stages
+    from sptlib.protocol import stages
     try:
         stages.run(_CONFIG.value, _WORKDIR.value)
     except errors.SptlibError as e:

@@ -1,8 +1,8 @@
-"""Ahead-of-time compilation for TPU slices (sptlib.aot) and the pieces it trusts.
+"""Ahead-of-time compilation for TPU slices (sptlib.slices.aot) and the pieces it trusts.
 
 - The FLOP counter against XLA's own count of the same program unrolled, and hand counts.
 - `build_stage(abstract=True)` against a real initialisation (shapes, dtypes, shardings).
-- The slice table against `sptlib.meshes` and libtpu's topology description.
+- The slice table against `sptlib.slices.meshes` and libtpu's topology description.
 - The CLI in a subprocess: the PathX Transformer pretrain step compiled at full size for a v4-8
   fits; plain (full L x L) attention at PathX is refused with one line; no libtpu: exit 2.
   The PathX S4 pretrain step compiled the same way (its FFT convolutions cost libtpu most of
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib import aot, meshes, topologies
+from sptlib.slices import aot, meshes, topologies
 from sptlib.configs import presets, testing
 from sptlib import data as data_lib
 from sptlib.train import flops, setup
@@ -50,7 +50,7 @@ def _aot(*args, timeout=900):
 
 def _errors(stderr):
     """Our lines on stderr (libtpu and absl log their own start-up lines there too)."""
-    return [ln for ln in stderr.splitlines() if ln.startswith(("lra.py", "sptlib.aot"))]
+    return [ln for ln in stderr.splitlines() if ln.startswith(("lra.py", "sptlib.slices.aot"))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def test_without_libtpu_it_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "libtpu" else real(name, *a))
     with pytest.raises(SystemExit) as e:
-        aot.main(["sptlib.aot"])
+        aot.main(["sptlib.slices.aot"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == aot.INSTALL_HINT
     assert "pip install -e '.[tpu]'" in aot.INSTALL_HINT

@@ -1,7 +1,7 @@
 """Bad input, as a skeptical user gives it: every row is one input, the exit status it must
 produce, a piece of the ONE-line message, and a check that no checkpoint or data file was lost.
 
-Most rows run in-process through `sptlib.stages.run` (the code path of `sptlib.main`) and map
+Most rows run in-process through `sptlib.protocol.stages.run` (the code path of `sptlib.main`) and map
 the raised `SptlibError` to its exit status with `sptlib.errors.exit_code`; the command-line rows
 are real subprocesses that check stderr ends in one line and nothing else (no traceback).
 """
@@ -19,7 +19,8 @@ import time
 import pytest
 
 from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
-from sptlib import compare, errors, stages
+from sptlib import errors
+from sptlib.protocol import compare, stages
 from sptlib.data import listops, pathfinder
 from sptlib.data import __main__ as data_cli
 
@@ -363,9 +364,9 @@ def test_cli_rows_one_line_exit_2(lra, tmp_path):
     _one_line(p, "sptlib.main", "--config.stages.pretrain.num_stepz: no such config key")
     assert not wd.exists()
 
-    p = _cli(["sptlib.compare", "--config=experiments/quickstart.py",
+    p = _cli(["sptlib.protocol.compare", "--config=experiments/quickstart.py",
               f"--workdir={tmp_path / 'cmp'}", "--seeds=a", "--dry_run"])
-    _one_line(p, "sptlib.compare", "--seeds=a: 'a' is not an integer")
+    _one_line(p, "sptlib.protocol.compare", "--seeds=a: 'a' is not an integer")
 
     p = _cli(["sptlib.main", "--config=experiments/smoke.py", f"--workdir={tmp_path / 'odd'}",
               f"--config.data.lra_dir={lra}", "--config.stages.pretrain.eval_batch_size=3"],

@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from sptlib import compare
+from sptlib.protocol import compare
 from sptlib import errors
-from sptlib import report
+from sptlib.protocol import report
 
 # A minimal experiment file: the runner needs only stage_order, stages.<s>.objective.kind,
 # seed, data.{task, data_fraction} and the compare section.
@@ -205,7 +205,7 @@ def test_shards_split_the_grid_and_the_report_merges_them(experiment, tmp_path):
             compare.parse_shard(bad)
 
 
-# One real tiny comparison: the real trainer (sptlib.stages.run), 2 runs, length at 2x.
+# One real tiny comparison: the real trainer (sptlib.protocol.stages.run), 2 runs, length at 2x.
 _REAL = textwrap.dedent('''
     from experiments import smoke
     from sptlib.configs import common, presets
@@ -284,7 +284,7 @@ def test_length_cache_never_stores_an_empty_result(experiment, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# The learning-rate axis (sptlib.sweeps).
+# The learning-rate axis (sptlib.protocol.sweeps).
 
 _LR_EXPERIMENT = _EXPERIMENT.replace(
     'c.stages = {n: dict(num_steps=10, objective=dict(kind=k)) for n, k in',

@@ -1,4 +1,4 @@
-"""`sptlib.compare --jobs`: the grid split over processes, each pinned to its own cores, then
+"""`sptlib.protocol.compare --jobs`: the grid split over processes, each pinned to its own cores, then
 one table — checked against the argument rules by hand and with a real 2-process CLI run."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sptlib import compare_jobs
+from sptlib.protocol import compare_jobs
 from sptlib import errors
 
 import test_compare  # noqa: E402 (tests/ is on sys.path under pytest)

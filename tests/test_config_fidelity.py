@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import paper_configs as paper  # noqa: E402
 
-from sptlib import meshes  # noqa: E402
+from sptlib.slices import meshes  # noqa: E402
 from sptlib.configs import presets  # noqa: E402
 from sptlib.configs.paper import TASKS  # noqa: E402
 

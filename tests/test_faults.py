@@ -20,7 +20,9 @@ import time
 
 import pytest
 
-from sptlib import errors, stages
+from sptlib import errors
+
+from sptlib.protocol import stages
 from sptlib.data import listops
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import guards, lock as lock_lib, preflight

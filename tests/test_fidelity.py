@@ -1,7 +1,7 @@
 """SPT fidelity: self-pretraining must transfer to finetuning through the real pipeline.
 
 A tiny masked-SPT -> finetune run on generated 8 x 8 Lines gratings (L = 64, 4 classes, chance
-25%) against scratch at the same finetuning budget, each through `sptlib.stages.run` with real
+25%) against scratch at the same finetuning budget, each through `sptlib.protocol.stages.run` with real
 orbax checkpoints (finetune starts from the best pretrain checkpoint with a fresh head), with
 PyTorch's initialisation (`model.init_scheme="torch"`, the option that reproduces the PyTorch
 peer). Measured on this configuration (one seed, 200 test images): SPT 64.5% vs scratch 33.0%
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from sptlib.configs import cpu_sized
-from sptlib import models, stages
+from sptlib import models
+from sptlib.protocol import stages
 from sptlib.models.config import model_config
 
 PRETRAIN_STEPS, FINETUNE_STEPS = 2000, 200

@@ -70,11 +70,11 @@ def test_fake_gcs_maps_bucket_paths_to_local_dir(tmp_path):
 
 
 def test_pipeline_reaches_first_write_on_gs_workdir(tmp_path, monkeypatch):
-    """`sptlib.stages.run(config, "gs://...")` creates the stage dir and writes its first file
+    """`sptlib.protocol.stages.run(config, "gs://...")` creates the stage dir and writes its first file
     through epath. Stops there: later writes (orbax/TensorStore, TensorBoard via tf.io.gfile)
     use their own gs clients, which this test must not reach."""
     from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
-    from sptlib import stages
+    from sptlib.protocol import stages
     config = smoke.get_config()
     # The data lives outside cwd: preflight generates it (a local path) before the first write.
     config.data.lra_dir = str(tmp_path / "lra")
@@ -105,10 +105,10 @@ def test_launch_workdir_checks():
 
 
 def test_compare_writes_its_records_report_and_plots_through_epath(tmp_path, monkeypatch):
-    """`sptlib.compare` on a gs:// workdir: runs, resume checks, comparison.json/.md and the PNGs
+    """`sptlib.protocol.compare` on a gs:// workdir: runs, resume checks, comparison.json/.md and the PNGs
     all go through epath (a fake trainer writes the stage results the same way)."""
     import json
-    from sptlib import compare
+    from sptlib.protocol import compare
 
     cwd = tmp_path / "cwd"
     cwd.mkdir()

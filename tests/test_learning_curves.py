@@ -1,9 +1,9 @@
-"""Learning-curve sections of the comparison report (`sptlib.learning_curves`)."""
+"""Learning-curve sections of the comparison report (`sptlib.protocol.learning_curves`)."""
 
 import json
 import os
 
-from sptlib import learning_curves, report
+from sptlib.protocol import learning_curves, report
 
 
 def test_plateau_step_hand_computed():

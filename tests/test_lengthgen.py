@@ -1,4 +1,4 @@
-"""Length generalisation (`sptlib.lengthgen`) on a real tiny ListOps run with checkpoints on disk."""
+"""Length generalisation (`sptlib.protocol.lengthgen`) on a real tiny ListOps run with checkpoints on disk."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from sptlib import lengthgen, stages
+from sptlib.protocol import lengthgen, stages
 from sptlib.configs import common
 from sptlib.data import listops
 from sptlib.train import checkpoint as ckpt_lib

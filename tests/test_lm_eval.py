@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib import lengthgen, lmeval, lmreport, models, objectives
+from sptlib import models, objectives
+
+from sptlib.protocol import lengthgen, lmeval, lmreport
 from sptlib.configs import common
 from sptlib.data import lm
 from sptlib.layers import get_mixer
@@ -180,10 +182,10 @@ def test_equal_compute_reads_each_curve_at_the_smallest_budget(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_lm_comparison_end_to_end(tmp_path):
-    """Real runs (orbax checkpoints on disk) through sptlib.compare: lmeval scores the best
+    """Real runs (orbax checkpoints on disk) through sptlib.protocol.compare: lmeval scores the best
     checkpoint at 1x and 4x, its 1x value equals the trainer's own test evaluation on the same
     text, and the report gets the LM table and the plots."""
-    from sptlib import compare
+    from sptlib.protocol import compare
     over = {"stages.scratch.num_steps": 2, "stages.scratch.eval_every": 1,
             "stages.scratch.checkpoint_every": 1, "stages.scratch.log_every": 1,
             "stages.scratch.batch_size": 2, "stages.scratch.eval_batch_size": 2,

@@ -18,7 +18,7 @@ from etils import epath
 from sptlib import data as data_lib
 from sptlib import models
 from sptlib import objectives
-from sptlib import stages
+from sptlib.protocol import stages
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import loop
 from sptlib.train import optim

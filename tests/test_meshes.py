@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from sptlib import meshes
+from sptlib.slices import meshes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +72,7 @@ _MESH_SCRIPT = textwrap.dedent("""
     import numpy as np
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from sptlib import meshes
+    from sptlib.slices import meshes
     out = {"n": jax.device_count()}
     devs = jax.devices()
 

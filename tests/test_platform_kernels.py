@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib import topologies
+from sptlib.slices import topologies
 from sptlib.kernels import attention as ref
 from sptlib.kernels import platform
 from sptlib.kernels.platform import gpu, tpu
@@ -99,7 +99,7 @@ def test_splash_compiles_for_a_v4_chip_with_a_cost():
     with jax.set_mesh(mesh):
         lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape, m)
     assert "tpu_custom_call" in lowered.as_text()
-    # sptlib.aot's effort: at 0 libtpu gives no time estimate.
+    # sptlib.slices.aot's effort: at 0 libtpu gives no time estimate.
     cost = lowered.compile({"exec_time_optimization_effort": -1.0}).cost_analysis()
     attention_flops = (4 + 10) * 2 * 4 * 1024 * 1024 * 128  # forward + fused backward, dense
     assert cost["flops"] >= attention_flops

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib import compare
+from sptlib.protocol import compare
 from sptlib import data as data_lib
 from sptlib.configs import common, testing, variants
 from sptlib.train import flops
@@ -115,7 +115,7 @@ def test_mlpinit_stage2_loads_exactly_the_non_mixer_tensors(tmp_path):
     """Real pipeline, real orbax checkpoints: stage 2 loads every tensor but the mixers (listed
     in its results), keeps the mixers at their fresh init, and stage 1's train step is counted
     with fewer FLOPs. A mis-shaped or missing non-mixer tensor stops the load, named."""
-    from sptlib import stages
+    from sptlib.protocol import stages
     from sptlib.train import setup
     from sptlib.train import transfer
 
@@ -262,7 +262,7 @@ def test_grids_hold_variants_priors_and_the_bow_control(tmp_path):
 def test_report_shows_mlpinit_gain_and_stage_flops():
     """The table reports mlpinit against scratch and each stage's training FLOPs (steps x the
     traced step's FLOPs), so stage 1's cost sits beside its gain."""
-    from sptlib import report
+    from sptlib.protocol import report
     recs = []
     for seed in range(3):
         for regime, stages, acc in (("scratch", {"scratch": (400, 2e9)}, 0.30),

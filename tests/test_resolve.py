@@ -8,7 +8,9 @@ import sys
 
 import numpy as np
 
-from sptlib import data as data_lib, topologies
+from sptlib import data as data_lib
+
+from sptlib.slices import topologies
 from sptlib.bench import train_step as bench_train_step
 from sptlib.configs import common, presets
 from sptlib.train import resolve, setup

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from sptlib import records
+from sptlib.protocol import records
 from sptlib.errors import ResultsError
 from sptlib.train import results as results_lib
 
@@ -96,7 +96,7 @@ def test_write_is_atomic_and_replaces(tmp_path, monkeypatch):
 
 def test_reading_results_imports_no_jax():
     """The comparison's readers (records, lmreport) and the schema load without JAX."""
-    code = ("import sys, sptlib.train.results, sptlib.records, sptlib.lmreport; "
+    code = ("import sys, sptlib.train.results, sptlib.protocol.records, sptlib.protocol.lmreport; "
             "sys.exit('jax' in sys.modules)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0

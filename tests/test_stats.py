@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from sptlib import stats
+from sptlib.protocol import stats
 
 
 def test_t_critical_matches_tables():

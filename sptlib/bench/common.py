@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from sptlib import compare_jobs
+from sptlib.protocol import compare_jobs
 
 # Where records go besides stdout (the CLI collects them for --markdown).
 _SINKS = []

@@ -20,7 +20,6 @@ Pod presets (a `config.mesh` naming more devices than are present, e.g. `gss_lm.
 run with the mesh reduced to data parallelism over the local devices (`mesh_note` says so).
 """
 
-import contextlib
 import importlib.util
 import os
 import time
@@ -33,7 +32,8 @@ import numpy as np
 
 from sptlib import data as data_lib
 from sptlib import models
-from sptlib import meshes
+from sptlib.kernels import platform
+from sptlib.slices import meshes
 from sptlib.bench import common
 from sptlib.train import flops as flop_count
 from sptlib.train import setup, sharding
@@ -152,30 +152,16 @@ def _model_flops(model_cfg, head, objective, variables, batch):
 
     method `xla_lowered` (XLA's count of the lowered program, where the backend implements it)
     or `jaxpr` (`sptlib.train.flops` on the traced program: every backend). Traced with the jnp
-    reference kernels (`attention.kernel = "reference"`, `SPTLIB_NATIVE=0` while tracing): the
-    platform's fused kernels compute the same function, but as custom calls that neither count
+    reference kernels (`attention.kernel = "reference"`, `platform.reference_kernels()` while
+    tracing): the platform's fused kernels compute the same function, but as custom calls that neither count
     sees into."""
     cfg = ml_collections.ConfigDict(model_cfg.to_dict())
     cfg.scan_layers = False
     cfg.remat = False
     if "kernel" in cfg.get("attention", {}):
         cfg.attention.kernel = "reference"
-    with _reference_kernels():
+    with platform.reference_kernels():
         return _count_grad_flops(cfg, head, objective, batch)
-
-
-@contextlib.contextmanager
-def _reference_kernels():
-    """`SPTLIB_NATIVE=0` for a trace: the CPU kernels' jnp references are traced instead."""
-    old = os.environ.get("SPTLIB_NATIVE")
-    os.environ["SPTLIB_NATIVE"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("SPTLIB_NATIVE", None)
-        else:
-            os.environ["SPTLIB_NATIVE"] = old
 
 
 def _count_grad_flops(cfg, head, objective, batch):

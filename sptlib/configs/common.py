@@ -2,7 +2,7 @@
 
 Argument strings (`--config=experiments/lra.py:<arg>`) are comma-separated tokens: bare tokens
 fill the file's positional slots in order (e.g. `listops,s4d,spt-masked` → task, model, regime),
-`key=value` tokens set named slots. `sptlib.compare` re-calls `get_config` with `model=` and
+`key=value` tokens set named slots. `sptlib.protocol.compare` re-calls `get_config` with `model=` and
 `regime=` added, so every file must accept those two keys.
 """
 

@@ -94,7 +94,7 @@ class TaskSpec:
     target: str = ""
     d_input: int = 1
     objective: str = "classify"  # retrieval for the dual-encoder task
-    # TPU slice the paper-size config is sized for (config.aot.slice; see sptlib.meshes): per-chip
+    # TPU slice the paper-size config is sized for (config.aot.slice; see sptlib.slices.meshes): per-chip
     # batch and activations of the longest stage fit a v4 chip's 32 GiB HBM.
     slice: str = "v4-8"
     # Recipes of other model families where the release has their own files (dlr, s4d, dss);

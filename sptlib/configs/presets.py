@@ -27,7 +27,7 @@ import math
 
 import ml_collections
 
-from sptlib import meshes
+from sptlib.slices import meshes
 from sptlib.configs import variants
 from sptlib.configs.paper import REGIMES, TASKS, Recipe, TaskSpec
 from sptlib.train import config as train_config
@@ -266,7 +266,7 @@ def set_slice(config, slice_name: str, batch_sizes) -> None:
 
 def add_compare(config, *, models, regimes, seeds, data_fractions=(1.0,), length_factors=(),
                 title="") -> None:
-    """Adds (or replaces) the `compare` section that `sptlib.compare` expands (config unlocked)."""
+    """Adds (or replaces) the `compare` section that `sptlib.protocol.compare` expands (config unlocked)."""
     comp = ml_collections.ConfigDict()
     # Model names (MODELS) compared, each with its own paper recipe.
     comp.models = tuple(models)

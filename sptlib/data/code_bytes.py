@@ -122,15 +122,8 @@ def build_windows(packages, length, *, header_lines=20, max_windows_per_file=16,
     for path, full in files:
         if path.split("/", 1)[0] not in by_package:
             continue
-        with open(full, "rb") as fh:
-            content = fh.read()
-        if b"\x00" in content:
-            skipped["binary"] += 1
-            continue
-        try:
-            content.decode("utf-8")
-        except UnicodeDecodeError:
-            skipped["undecodable"] += 1
+        content = lm.read_text_file(full, skipped)
+        if content is None:
             continue
         ws = windows_of(strip_source(content, header_lines), length, max_windows_per_file)
         if not ws:

@@ -135,6 +135,21 @@ class Corpus:
     manifest: dict
 
 
+def read_text_file(path, skipped):
+    """The bytes of a UTF-8 text file, or None (counted in `skipped["binary"]` for a NUL byte,
+    `skipped["undecodable"]` for invalid UTF-8): the sources' readers skip those files."""
+    with open(path, "rb") as fh:
+        content = fh.read()
+    if b"\x00" in content:
+        skipped["binary"] += 1
+        return None
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError:
+        skipped["undecodable"] += 1
+        return None
+    return content
+
 def build_corpus(packages=DEFAULT_PACKAGES, max_bytes=4_000_000, validation_percent=5,
                  test_percent=5, roots: dict[str, str] | None = None) -> Corpus:
     """Builds the code corpus (see the module docstring).
@@ -152,15 +167,8 @@ def build_corpus(packages=DEFAULT_PACKAGES, max_bytes=4_000_000, validation_perc
     chunks = {"train": [], "validation": [], "test": []}
     entries, skipped, total = [], {"undecodable": 0, "binary": 0, "over_budget": 0}, 0
     for path, full in files:
-        with open(full, "rb") as fh:
-            content = fh.read()
-        if b"\x00" in content:
-            skipped["binary"] += 1
-            continue
-        try:
-            content.decode("utf-8")
-        except UnicodeDecodeError:
-            skipped["undecodable"] += 1
+        content = read_text_file(full, skipped)
+        if content is None:
             continue
         if total + len(content) > max_bytes:
             skipped["over_budget"] += 1

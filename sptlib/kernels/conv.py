@@ -52,7 +52,7 @@ def circular_conv(u, kc, d=None):
       d: optional `[channels]` skip weights.
     Returns:
       `[batch, length, channels]` in u's dtype. On XLA:CPU with the platform's CPU kernels
-      (float32 and n a power of two) the FFTs run multi-threaded in C++; elsewhere `jnp.fft`.
+      (float32 and n a power of two) the FFTs run in the platform's multi-threaded CPU kernel; elsewhere `jnp.fft`.
     """
     n = kc.shape[-1]
     ct = _real_dtype(u.dtype)

@@ -110,7 +110,7 @@ def s4_kernel(Lambda, P, B, C, log_dt, length, cauchy_chunk=None):
       log_dt: `[channels]`.
       length: static int.
       cauchy_chunk: static int, roots of unity per block of the jnp Cauchy sums (>= length // 2
-        + 1: one dense block). None: on XLA:CPU with the platform's CPU kernels (complex64) one C++
+        + 1: one dense block). None: on XLA:CPU with the platform's CPU kernels (complex64) one
         kernel for the sums and the Woodbury step (no `[H, N/2, J]` array in memory); elsewhere
         jnp in blocks of about `CAUCHY_BLOCK_ELEMS` elements.
 

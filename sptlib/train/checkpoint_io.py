@@ -15,6 +15,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from sptlib.train import digest
 
 
 def encode_iterator_state(state: Any) -> dict:
@@ -107,14 +108,9 @@ def leaf_specs(tree) -> dict:
     lists of orbax's saved metadata, so the two can be compared key by key."""
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        parts = []
-        for k in path:
-            for attr in ("name", "key", "idx"):
-                if hasattr(k, attr):
-                    parts.append(str(getattr(k, attr)))
-                    break
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-            out["/".join(parts)] = (tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name)
+            out[digest.leaf_path(path)] = (tuple(int(d) for d in leaf.shape),
+                                           np.dtype(leaf.dtype).name)
     return out
 
 

@@ -127,15 +127,6 @@ def check_space(stage_dir, state) -> None:
 # What a stage was built from.
 # ----------------------------------------------------------------------------------------------
 
-def _diffs(old, new, prefix=""):
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            out += _diffs(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else k)
-        return out
-    return [] if old == new else [(prefix, old, new)]
-
-
 def config_changes(old: dict, new: dict, stage_name: str) -> list:
     """[(dotted key, old, new)] that matter to stage `stage_name` (other stages' fields and
     the `compare` grid are left out)."""
@@ -146,7 +137,7 @@ def config_changes(old: dict, new: dict, stage_name: str) -> list:
         stages = dict(c.pop("stages", {}) or {})
         c["stages"] = {stage_name: stages.get(stage_name)}
         return c
-    return _diffs(relevant(old), relevant(new))
+    return results_lib.nested_diffs(relevant(old), relevant(new))
 
 
 def describe(changes, limit=5) -> str:

@@ -1,6 +1,6 @@
 """Checks made before the first training step, so bad input fails in seconds, not after training.
 
-`check(config, workdir)` is called once by `sptlib.stages.run`, after `config.validate` and
+`check(config, workdir)` is called once by `sptlib.protocol.stages.run`, after `config.validate` and
 before any stage runs. Each failure is a `sptlib.errors.SptlibError` naming the config key, file
 or flag and what to do:
 
@@ -35,7 +35,7 @@ from sptlib import data as data_lib
 from sptlib import layers, objectives
 from sptlib.models import build
 from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
-from sptlib.train import sharding
+from sptlib.train import results as results_lib, sharding
 
 # Validation/test splits up to this size are decoded record by record (a corrupt or wrong-size
 # image anywhere in them is found before training); larger ones are probed at both ends.
@@ -228,16 +228,6 @@ def _get(tree, dotted):
     return tree
 
 
-def _diffs(old, new, prefix=""):
-    """Dotted keys whose values differ between two nested dicts (sorted)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            out += _diffs(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else k)
-        return out
-    return [] if old == new else [(prefix, old, new)]
-
-
 def check_saved_configs(config, workdir) -> None:
     """A stage that already ran here ran with this model, data and objective (`config.json`)."""
     current = json.loads(config.to_json_best_effort())
@@ -254,7 +244,7 @@ def check_saved_configs(config, workdir) -> None:
         keys = IDENTITY + (f"stages.{name}.objective.kind",)
         diffs = []
         for key in keys:
-            diffs += _diffs(_get(saved, key), _get(current, key), key)
+            diffs += results_lib.nested_diffs(_get(saved, key), _get(current, key), key)
         if diffs:
             shown = "; ".join(f"config.{k}={o!r} there, {n!r} now" for k, o, n in diffs[:3])
             more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""

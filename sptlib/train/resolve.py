@@ -4,7 +4,7 @@
 to the machine: the platform, the mesh sizes on the devices present, the logical axis rules, the
 global batch shapes of the train and eval steps, the model config with its data-dependent fields
 and `dtype="auto"` filled in, and the attention kernel each platform's dispatcher will lower.
-`sptlib.train.setup.build_stage` builds from it (so training, `sptlib.aot`, the benchmark and
+`sptlib.train.setup.build_stage` builds from it (so training, `sptlib.slices.aot`, the benchmark and
 length evaluation all do), `python -m sptlib.main --print_config` prints it for every stage, and
 each stage saves it beside its checkpoints (`resolved.json`).
 """

@@ -4,10 +4,10 @@ Two files have the name:
 
     workdir/<stage>/results.json   `StageResults`: written by the trainer (`sptlib.train.loop`)
                                    when the stage finishes or diverges;
-    workdir/results.json           `RunResults`: the stage runner's summary (`sptlib.stages`).
+    workdir/results.json           `RunResults`: the stage runner's summary (`sptlib.protocol.stages`).
 
 The JSON keys are the dataclass fields, so runs finished before these classes existed read the
-same. No JAX here: `sptlib.compare` reads results without loading the trainer.
+same. No JAX here: `sptlib.protocol.compare` reads results without loading the trainer.
 """
 
 from __future__ import annotations
@@ -174,3 +174,14 @@ def read_run(workdir) -> Optional[RunResults]:
     """`workdir/results.json`, or None when there is none; `ResultsError` when unreadable."""
     path = epath.Path(workdir) / RESULTS_FILE
     return RunResults.from_json(read_json(path), str(path)) if path.exists() else None
+
+
+def nested_diffs(old, new, prefix=""):
+    """[(dotted key, old, new)] for every leaf that differs between two nested dicts (sorted):
+    what a saved description (results, resolved config) and the current one disagree on."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += nested_diffs(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else k)
+        return out
+    return [] if old == new else [(prefix, old, new)]

@@ -3,8 +3,8 @@
 `build_stage(config, stage_name, ...)` turns `config` + a stage name into everything a stage runs:
 task info, objective, model, mesh, logical rules, optimizer, train state with its shardings, and
 the jit-compiled train / eval steps (`sptlib.train.steps`: state donation, batch sharding over
-the `batch` rule's mesh axes). `sptlib.train.loop.train_stage`, `sptlib.lengthgen`,
-`sptlib.bench.train_step` and `sptlib.aot` all call it, so what is compiled ahead of time for a TPU
+the `batch` rule's mesh axes). `sptlib.train.loop.train_stage`, `sptlib.protocol.lengthgen`,
+`sptlib.bench.train_step` and `sptlib.slices.aot` all call it, so what is compiled ahead of time for a TPU
 slice is what trains.
 
 With `abstract=True` nothing is allocated: the state and the example batch are

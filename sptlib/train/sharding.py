@@ -1,8 +1,8 @@
 """Device mesh, logical-axis rules, global batches and multi-host initialisation.
 
-The mesh always has the three axes `sptlib.meshes.MESH_AXES`, `("data", "fsdp", "tensor")`. On a
+The mesh always has the three axes `sptlib.slices.meshes.MESH_AXES`, `("data", "fsdp", "tensor")`. On a
 multi-slice system the `data` and `fsdp` axes additionally span slices (`dcn_data`, `dcn_fsdp`):
-the device array is built by `sptlib.meshes.device_array`, so the axis size seen by the program
+the device array is built by `sptlib.slices.meshes.device_array`, so the axis size seen by the program
 is `dcn_data * data` (resp. `dcn_fsdp * fsdp`).
 
 Parameters carry logical axis names (docs/architecture.md); `default_rules()` maps them onto mesh
@@ -23,7 +23,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sptlib import meshes
+from sptlib.slices import meshes
 
 
 def mesh_config():
@@ -85,7 +85,7 @@ def create_mesh(mesh_cfg, devices=None):
     """Builds the `("data", "fsdp", "tensor")` mesh described by `mesh_cfg`.
 
     The device arrangement (topology-aware on TPU, hybrid ICI x DCN for multi-slice, also on
-    fake CPU devices) is `sptlib.meshes.device_array`'s.
+    fake CPU devices) is `sptlib.slices.meshes.device_array`'s.
 
     Args:
       mesh_cfg: `config.mesh` (see `mesh_config`).

@@ -13,7 +13,7 @@ platform, the fused kernels that compute the same functions faster:
 
 The platform is the one the step is traced for: the devices of the mesh in context
 (`jax.set_mesh`, as every sptlib step is traced), else JAX's default backend. So
-`sptlib.aot` on a CPU host traces TPU kernels for a TPU slice, and nothing CPU-specific is
+`sptlib.slices.aot` on a CPU host traces TPU kernels for a TPU slice, and nothing CPU-specific is
 probed on a TPU or GPU host. The chosen kernel is wrapped in `jax.lax.platform_dependent` with
 the jnp reference as the default branch, so a program lowered for another platform still gets
 the reference. `SPTLIB_NATIVE=0` turns the CPU kernels off (the reference then runs on CPU:
@@ -24,6 +24,7 @@ attention anywhere (benchmarks, tests).
 the process with glibc malloc settings that keep XLA:CPU's buffers (`cpu/hostmem.py`).
 """
 
+import contextlib
 import functools
 import os
 
@@ -51,6 +52,21 @@ def cpu_kernels(where=None):
         return False
     from sptlib.kernels.platform.cpu import build  # deferred: never loaded off CPU
     return build.available()
+
+
+@contextlib.contextmanager
+def reference_kernels():
+    """Within it, every kernel traced is the jnp reference (as `SPTLIB_NATIVE=0`): for counting
+    a program's FLOPs, which neither XLA nor the jaxpr counter sees inside a custom call."""
+    old = os.environ.get("SPTLIB_NATIVE")
+    os.environ["SPTLIB_NATIVE"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SPTLIB_NATIVE", None)
+        else:
+            os.environ["SPTLIB_NATIVE"] = old
 
 
 def cpu_kernels_unavailable_reason():

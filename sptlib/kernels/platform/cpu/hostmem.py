@@ -14,7 +14,7 @@ block ran at 39.0 / 41.3 / 42.1 ms per 8,192 tokens at 1k / 4k / 16k (system tim
 ~1.03), against 98 / 68 / 65 ms with glibc's defaults in the same hour.
 
 How. glibc reads its tunables (`GLIBC_TUNABLES`) once, when a process starts, so the
-command-line programs (`sptlib.main`, `sptlib.compare`, `sptlib.bench`) call
+command-line programs (`sptlib.main`, `sptlib.protocol.compare`, `sptlib.bench`) call
 `reexec_with_malloc_tunables()` first, which re-executes the same command line with these
 added, before anything heavy is imported:
 
@@ -34,7 +34,7 @@ added, before anything heavy is imported:
 
 A tunable the user has put in `GLIBC_TUNABLES` keeps the user's value. Nothing happens where the
 switch cannot apply (not Linux/glibc >= 2.26) or where every tunable is set already, e.g. in the
-re-executed process and in `sptlib.compare`'s workers, which inherit it.
+re-executed process and in `sptlib.protocol.compare`'s workers, which inherit it.
 
 It changes the whole process' malloc: in `sptlib.bench --peer torch` the PyTorch reference blocks
 run in the same process with the same allocator (they gain more than sptlib: their large

@@ -1,6 +1,6 @@
 """Length generalisation: test a finished classifier on inputs `factor` times its training length.
 
-`sptlib.compare` calls `evaluate(config, run_workdir, factor)` for every finished run when
+`sptlib.protocol.compare` calls `evaluate(config, run_workdir, factor)` for every finished run when
 `config.compare.length_factors` (or `--length_factors`) is set; the accuracies land in the run's
 `length_generalization` record ({"2x": acc, "4x": acc}).
 

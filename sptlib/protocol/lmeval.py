@@ -14,10 +14,10 @@ stage into the same model built for windows of `factor × L` tokens and scores t
     `[length, length]` score matrix;
   * positions: sinusoidal and rotary positions are functions of the index and extrapolate (to
     positions never seen in training); `positions='learned'` has no embedding past L and is
-    refused by `sptlib.lengthgen.check_supported` with a clear error.
+    refused by `sptlib.protocol.lengthgen.check_supported` with a clear error.
 
-Results are cached in `<run workdir>/lm_eval.json`; `sptlib.compare` stores them in the run's
-record under `lm` and `sptlib.lmreport` turns them into the table and `length_generalisation.png`.
+Results are cached in `<run workdir>/lm_eval.json`; `sptlib.protocol.compare` stores them in the run's
+record under `lm` and `sptlib.protocol.lmreport` turns them into the table and `length_generalisation.png`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from etils import epath
 
 from sptlib import data as data_lib
-from sptlib import lengthgen
+from sptlib.protocol import lengthgen
 from sptlib.train import setup
 from sptlib.train import transfer
 

@@ -1,4 +1,4 @@
-"""Splitting one `sptlib.compare` grid over processes: `--shard=i/n`, and `--jobs` on one machine.
+"""Splitting one `sptlib.protocol.compare` grid over processes: `--shard=i/n`, and `--jobs` on one machine.
 
 On a CPU, small models do not use every core well: two 1-core processes ran ~1.4x the steps/s
 of one 2-core process in our measurements (docs/reproducing.md). `--jobs=n` (or

@@ -1,10 +1,10 @@
 """TPU slices for ahead-of-time compilation: chip layout, HBM and peak FLOP/s per chip.
 
-`slice_spec("v4-32")` names everything `sptlib.aot` needs to compile for a slice on a machine
+`slice_spec("v4-32")` names everything `sptlib.slices.aot` needs to compile for a slice on a machine
 without TPUs: the topology string and chip configuration that
 `jax.experimental.topologies.get_topology_desc` takes (needs libtpu: `pip install -e '.[tpu]'`),
 the number of JAX devices, and the chip's HBM and peak bf16 FLOP/s (Cloud TPU system
-architecture pages). Slice names are Cloud TPU accelerator types, as in `sptlib.meshes`: the
+architecture pages). Slice names are Cloud TPU accelerator types, as in `sptlib.slices.meshes`: the
 number counts TensorCores on v4 / v5p (2 per chip, one JAX device per chip) and chips on v5e.
 The chip layouts follow MaxText's `accelerator_to_spec_map.py`.
 """
@@ -18,7 +18,7 @@ import sys
 
 from jax.experimental import topologies as jax_topologies
 
-from sptlib import meshes
+from sptlib.slices import meshes
 
 GIB = 1024 ** 3
 

@@ -1,11 +1,11 @@
 """The comparison report: `comparison.md` (means ± 95% CI, SPT gains, gaps) and PNG plots.
 
-Input is the list of per-run records `sptlib.compare` writes to `comparison.json`; each record has
+Input is the list of per-run records `sptlib.protocol.compare` writes to `comparison.json`; each record has
 at least `model`, `regime`, `seed`, `data_fraction`, `status`, `test_accuracy`, `val_accuracy`
 (fractions in [0, 1]), `stages` (per stage: steps, wall_time_s) and optionally `curve`
 (validation accuracy of the classification stage: `{"step": [...], "accuracy": [...]}`) and
 `pretrain_steps`. Accuracies are printed in percent. Records with an `lr` (the lr axis of
-`sptlib.sweeps`) are reduced to the lr chosen on validation per cell before anything is shown, and
+`sptlib.protocol.sweeps`) are reduced to the lr chosen on validation per cell before anything is shown, and
 a section lists each lr's validation accuracy and the choice.
 """
 
@@ -20,9 +20,9 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
-from sptlib import learning_curves, lmreport, stats, sweeps
+from sptlib.protocol import learning_curves, lmreport, stats, sweeps
 from sptlib.configs.paper import REGIMES
-from sptlib.records import finished as _ok, group  # noqa: F401 (group: public here too)
+from sptlib.protocol.records import finished as _ok, group  # noqa: F401 (group: public here too)
 
 # (SPT or other prior's regime, baseline regime) pairs whose difference is reported as a gain.
 GAINS = (("spt-masked", "scratch"), ("spt-causal", "scratch"),

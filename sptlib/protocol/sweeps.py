@@ -1,4 +1,4 @@
-"""The learning-rate axis of `sptlib.compare`: one run per lr, the lr chosen on validation.
+"""The learning-rate axis of `sptlib.protocol.compare`: one run per lr, the lr chosen on validation.
 
 `config.compare.lrs = (1e-3, 2e-3, 4e-3)` (or `--lrs=1e-3,2e-3,4e-3`) trains every (model,
 regime, data fraction, seed) cell at each learning rate. The lr is that of the classification
@@ -122,7 +122,7 @@ def share_pretrain(spec, specs: Sequence, is_finished) -> str | None:
     """Links `spec.workdir/pretrain` to a finished, identical pretraining stage of another lr.
 
     Returns the linked directory, or None (nothing to share yet: the stage will be trained).
-    `is_finished(workdir, stage_order)` is `sptlib.records.is_finished`.
+    `is_finished(workdir, stage_order)` is `sptlib.protocol.records.is_finished`.
     """
     key = _pretrain_key(spec)
     target = os.path.join(spec.workdir, "pretrain")

@@ -296,7 +296,7 @@ def config_overrides(mesh_cfg: Any, prefix: str = "config.mesh") -> list[str]:
 
 
 def summary(name: str) -> str:
-    """One line per preset fact, for `python -m sptlib.meshes NAME` and the launchers' logs."""
+    """One line per preset fact, for `python -m sptlib.slices.meshes NAME` and the launchers' logs."""
     acc = parse_accelerator(name)
     cfg = mesh_preset(name)
     mesh = ", ".join(f"{k}={cfg[k]}" for k in ICI_KEYS + DCN_KEYS)

@@ -1,7 +1,7 @@
 """Learning-curve tables and plots of a comparison: the denoising curve, accuracy against steps
 and against training-set size.
 
-Appended to `comparison.md` by `sptlib.report` when a comparison has runs to show them:
+Appended to `comparison.md` by `sptlib.protocol.report` when a comparison has runs to show them:
 - **Denoising plateau** (runs with a pretraining stage): the pretraining stage's validation loss
   at its first and last evaluation, and the first step at which it had made `PLATEAU` (90%) of
   its drop from the first evaluation to its lowest value.
@@ -18,8 +18,8 @@ import os
 
 import numpy as np
 
-from sptlib import stats
-from sptlib.records import finished as _ok, group
+from sptlib.protocol import stats
+from sptlib.protocol.records import finished as _ok, group
 from sptlib.train import results as results_lib
 
 PLATEAU = 0.9  # fraction of the total drop of the denoising loss that counts as the plateau

@@ -1,7 +1,7 @@
 """The language-modelling part of a comparison: length generalisation and equal compute.
 
-`sptlib.compare` adds `record["lm"]` to every finished causal-LM run (`lm_record`: the
-`sptlib.lmeval` results plus the validation curve); `sptlib.report` appends `markdown(records)`
+`sptlib.protocol.compare` adds `record["lm"]` to every finished causal-LM run (`lm_record`: the
+`sptlib.protocol.lmeval` results plus the validation curve); `sptlib.protocol.report` appends `markdown(records)`
 and writes the plots of `write_plots(records, workdir)`:
 
   * bits per token (= bits per byte for byte tokens) of the best checkpoint on the same held-out
@@ -26,7 +26,7 @@ import os
 from etils import epath
 import numpy as np
 
-from sptlib import stats
+from sptlib.protocol import stats
 from sptlib.train import results as results_lib
 
 LM_TASKS = ("code_lm", "pg19", "lm1b", "arxiv")
@@ -48,7 +48,7 @@ def lm_record(config, workdir, factors, *, evaluate=True, log=print) -> dict | N
     if cache.exists() and not evaluate:
         ev = json.loads(cache.read_text())
     elif evaluate:
-        from sptlib import lmeval  # deferred: JAX
+        from sptlib.protocol import lmeval  # deferred: JAX
         try:
             ev = lmeval.evaluate_cached(config, workdir, tuple(factors))
         except Exception as e:  # pylint: disable=broad-except

@@ -1,6 +1,6 @@
 """Reading a comparison run's results: `results.json` of the run and of its stages -> one record.
 
-`sptlib.compare` writes one record per run to `comparison.json` (`make_record`); `sptlib.report`
+`sptlib.protocol.compare` writes one record per run to `comparison.json` (`make_record`); `sptlib.protocol.report`
 reads them. The files are read through `sptlib.train.results` (no JAX). A results file that
 cannot be parsed (truncated by a kill) is logged, naming it, and treated as absent, so the run
 counts as unfinished and is run (resumed) again.
@@ -31,7 +31,7 @@ def _readable(read: Callable[[str], T | None], directory: str) -> T | None:
 
 
 def load_results(workdir: str) -> RunResults | None:
-    """The run's summary (`workdir/results.json`, written by `sptlib.stages`), or None."""
+    """The run's summary (`workdir/results.json`, written by `sptlib.protocol.stages`), or None."""
     return _readable(results_lib.read_run, workdir)
 
 

@@ -1,0 +1,433 @@
+r"""The fair-comparison protocol in one command: models × regimes × seeds → table and plots.
+
+    python -m sptlib.compare --config=experiments/quickstart.py --workdir=/tmp/qs
+    spt-compare --config=experiments/lra.py:image,s4 --workdir=gs://.../image [--config.x=y]
+
+The experiment config names the grid in its `compare` section (`models`, `regimes`, `seeds`,
+`data_fractions`, `length_factors`, `lrs`: the lr axis, `sptlib.protocol.sweeps`). Every cell is a
+complete single-run config made by calling the experiment file's `get_config` again with
+`model=<m>,regime=<r>` added to its argument (see `sptlib.configs.common`), then setting `seed`
+and `data.data_fraction`; `--config.a.b=v` overrides apply to every run. Regimes:
+
+  scratch                classification from random init;
+  scratch-equal-compute  the same, for pretrain + finetune steps (a control the paper omits);
+  spt-masked             masked-denoising self-pretraining, then finetuning from its best
+                         checkpoint with the head re-initialised (same finetune budget as scratch);
+  spt-causal             the same with next-token prediction on a causal backbone;
+  mlpinit                the model with its mixers bypassed first, then finetuned with fresh mixers.
+Control models (`bow`) run under scratch only; their other cells are left out.
+
+Each run goes to `DIR/<model>/<regime>[-frac<f>]/seed<k>/` through `sptlib.protocol.stages.run`. A run
+whose `results.json` says it finished is skipped, so an interrupted comparison re-run with the same
+command finishes only the missing runs (an unfinished run resumes from its own checkpoints).
+Afterwards `DIR/comparison.json` (one record per run), `DIR/comparison.md` and the plots are
+written (`sptlib.protocol.report`) and their paths printed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+from etils import epath
+import ml_collections
+from ml_collections import config_flags
+
+from sptlib.protocol import compare_jobs
+from sptlib.protocol.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
+from sptlib import errors
+from sptlib.kernels import platform
+from sptlib.protocol import lmreport
+from sptlib import logs
+from sptlib.protocol import report
+from sptlib.protocol import sweeps
+from sptlib.configs import common, presets, variants
+from sptlib.protocol.records import is_finished, load_results, make_record
+from sptlib.train import results as results_lib
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file, `path.py[:arg]`, with a `compare` section.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the whole comparison.")
+_MODELS = flags.DEFINE_list("models", None, "Override config.compare.models.")
+_REGIMES = flags.DEFINE_list("regimes", None, "Override config.compare.regimes.")
+_SEEDS = flags.DEFINE_list("seeds", None, "Override config.compare.seeds (integers).")
+_FRACTIONS = flags.DEFINE_list(
+    "data_fractions", None, "Override config.compare.data_fractions (nested training subsets).")
+_LRS = flags.DEFINE_list(
+    "lrs", None, "Override config.compare.lrs: train every cell at each learning rate and report "
+    "each (model, regime) at the one chosen on validation (sptlib.protocol.sweeps).")
+_LR_SEEDS = flags.DEFINE_list(
+    "lr_seeds", None, "Override config.compare.lr_seeds: only these seeds sweep --lrs; the others "
+    "run once, at the lr their sweep chose on validation.")
+_RAND_INIT = flags.DEFINE_bool(
+    "rand_init", False, "Also run every SSM model with random (unstructured) state-space init "
+    "(model name + '-randinit'), the paper's structured-vs-random ablation.")
+_LENGTH = flags.DEFINE_list(
+    "length_factors", None, "Override config.compare.length_factors: evaluate the finished "
+    "classifier on test inputs this many times longer (e.g. 2,4), for tasks and models that allow.")
+_REPORT_ONLY = flags.DEFINE_bool(
+    "report_only", False, "Only rebuild comparison.json/md and plots from finished runs.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
+_JOBS = flags.DEFINE_integer("jobs", None, "Processes to run the grid in (each --shard=i/n, "
+                             "pinned to its cores), then the table; 0 = one per core. Default: "
+                             "config.compare.jobs, else 1. See sptlib.protocol.compare_jobs.")
+_VERBOSE = logs.define_verbose_flag()
+_SHARD = flags.DEFINE_string(
+    "shard", None, "i/n: run only every n-th run starting at i (0-based), so n processes (e.g. "
+    "one per core, or one per machine sharing the workdir) split the grid. Each writes "
+    "comparison.shard<i>of<n>.json; rerun without --shard (or with --report_only) for the table.")
+
+REGIMES = presets.REGIMES
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """One cell of the grid: a complete config and the directory it runs in."""
+
+    model: str
+    regime: str
+    seed: int
+    data_fraction: float
+    config: ml_collections.ConfigDict
+    workdir: str
+    lr: float | None = None  # the lr axis (sptlib.protocol.sweeps); None: the config's own lr
+    lr_from: tuple = ()  # lrs to choose from on the sweep seeds' validation (sweeps.resolve)
+    lr_seeds: tuple = ()
+
+    @property
+    def name(self) -> str:
+        frac = "" if self.data_fraction == 1.0 else f" frac={self.data_fraction:g}"
+        lr = (" lr=(from validation)" if sweeps.deferred(self) else
+              "" if self.lr is None else f" lr={self.lr:g}")
+        return f"{self.model}/{self.regime}/seed{self.seed}{frac}{lr}"
+
+
+def run_dir(root: str, model: str, regime: str, seed: int, data_fraction: float = 1.0) -> str:
+    cell = regime if data_fraction == 1.0 else f"{regime}-frac{data_fraction:g}"
+    return os.path.join(root, model, cell, f"seed{seed}")
+
+
+def _set_path(cfg, path: str, value):
+    """Sets `cfg.a.b.c = value` for `path='a.b.c'` (the key must exist: configs are locked)."""
+    *parents, leaf = path.split(".")
+    node = cfg
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+
+
+def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
+           workdir: str, models: Sequence[str] | None = None,
+           regimes: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+           data_fractions: Sequence[float] | None = None,
+           rand_init: bool = False, lrs: Sequence[float] | None = None,
+           lr_seeds: Sequence[int] | None = None
+           ) -> tuple[ml_collections.ConfigDict, list[RunSpec]]:
+    """Expands `path.py[:arg]` into one RunSpec per model × regime × data fraction × seed.
+
+    Args:
+      config_file: the experiment file and its optional `get_config` argument.
+      overrides: flat {'a.b.c': value} applied to every run (`--config.a.b.c=value`); keys under
+        `compare.` only change the grid.
+      workdir: root of the comparison.
+      models, regimes, seeds, data_fractions: override the config's `compare` section.
+      rand_init: add `<model>-randinit` for every model that has a random-init variant.
+      lrs: learning rates of the lr axis (default config.compare.lrs; none: no axis).
+      lr_seeds: the seeds that sweep them (default config.compare.lr_seeds; none: every seed).
+
+    Returns:
+      (the base config, the run specs in execution order: seed-major, so that an interrupted
+      comparison already has every cell at n = 1 before any reaches n = 2).
+    """
+    overrides = dict(overrides or {})
+    path, _, arg = config_file.partition(":")
+    module = common.load_module(path)
+    base = copy.deepcopy(module.get_config(arg) if arg else module.get_config())
+    for k, v in overrides.items():
+        if k.startswith("compare."):
+            _set_path(base, k, v)
+    comp = base.compare
+    models = list(models or comp.models)
+    if rand_init:
+        models += [m + "-randinit" for m in models if presets.has_randinit(m)]
+    regimes = list(regimes or comp.regimes)
+    seeds = [int(s) for s in (seeds if seeds is not None else comp.seeds)]
+    fractions = [float(f) for f in (data_fractions or comp.data_fractions)]
+    for g in regimes:
+        if g not in REGIMES:
+            raise errors.ConfigError(f"--regimes / config.compare.regimes: unknown regime {g!r}; "
+                                     f"known: {', '.join(REGIMES)}")
+    parsed = common.parse_arg(arg, getattr(module, "POSITIONAL", ()))
+    cells = {}
+    for m in models:
+        for g in (g for g in regimes if variants.runs_regime(m, g)):
+            try:
+                cfg = module.get_config(common.format_arg({**parsed, "model": m,
+                                                            "regime": g}))
+            except (ValueError, KeyError) as e:  # e.g. a model the experiment does not know
+                raise errors.ConfigError(f"--models / --regimes (config.compare): model {m!r}, "
+                                         f"regime {g!r}: {e}") from e
+            with cfg.unlocked():
+                for k, v in overrides.items():
+                    if not k.startswith("compare."):
+                        _set_path(cfg, k, v)
+            cells[(m, g)] = cfg
+    specs = []
+    for seed in seeds:
+        for frac in fractions:
+            for (m, g), cell in cells.items():
+                cfg = copy.deepcopy(cell)
+                cfg.seed = seed
+                cfg.data.data_fraction = frac
+                specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
+    lrs = lrs if lrs is not None else tuple(comp.get("lrs", ()) or ())
+    lr_seeds = lr_seeds if lr_seeds is not None else tuple(comp.get("lr_seeds", ()) or ())
+    return base, sweeps.expand_lrs(specs, [float(x) for x in lrs], [int(s) for s in lr_seeds])
+
+
+# ------------------------------------------------------------------------------------------------
+# Running.
+# ------------------------------------------------------------------------------------------------
+
+def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
+                   run_fn: Callable[[ml_collections.ConfigDict, str], dict] | None = None,
+                   title: str = "Comparison", length_factors: Sequence[float] = (),
+                   length_eval_fn: Callable | None = None, report_only: bool = False,
+                   shard: tuple[int, int] | None = None,
+                   log: Callable[[str], None] = print) -> tuple[list[dict], dict]:
+    """Runs every spec not yet finished, then writes comparison.json / .md and plots.
+
+    Args:
+      specs: from `expand`.
+      workdir: root of the comparison (comparison.json etc. land here).
+      run_fn: `run_fn(config, run_workdir) -> results` (default `sptlib.protocol.stages.run`); injected
+        by tests.
+      length_factors: evaluate finished classifiers at these multiples of the training length.
+      length_eval_fn: `fn(config, run_workdir, factor) -> accuracy | None` (default
+        `sptlib.protocol.lengthgen.evaluate` where available).
+      report_only: run nothing; report what is finished.
+      shard: (i, n): run only `shard_specs(specs, (i, n))` and write their records to
+        `comparison.shard<i>of<n>.json` (no table: other shards may still be running).
+      log: progress printer.
+
+    Returns:
+      (records, {name: path of the written report files}).
+    """
+    if run_fn is None:
+        from sptlib.protocol import stages  # deferred: importing the trainer pulls in JAX
+        run_fn = stages.run
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    specs = shard_specs(specs, shard)
+    json_name = ("comparison.json" if shard is None
+                 else f"comparison.shard{shard[0]}of{shard[1]}.json")
+    records = []
+    todo = [s for s in specs if not is_finished(s.workdir, s.config.stage_order)]
+    log(f"[compare] {len(specs)} runs, {len(specs) - len(todo)} already finished, "
+        f"{0 if report_only else len(todo)} to run")
+    done = 0
+    for spec in specs:
+        spec = sweeps.resolve(spec, specs, lambda s: _val_accuracy(s))
+        if sweeps.deferred(spec):
+            rec = make_record(spec, None, status="missing", error="its lr sweep (seeds "
+                              f"{','.join(map(str, spec.lr_seeds))}) is not finished or not in "
+                              "--seeds")
+        elif is_finished(spec.workdir, spec.config.stage_order):
+            rec = make_record(spec, load_results(spec.workdir), status="finished")
+        elif report_only:
+            rec = make_record(spec, load_results(spec.workdir), status="missing")
+        else:
+            done += 1
+            log(f"[compare] ({done}/{len(todo)}) {spec.name} -> {spec.workdir}")
+            epath.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
+            if sweeps.share_pretrain(spec, specs, is_finished):
+                log(f"[compare] {spec.name}: pretrain shared with another lr's run")
+            t0 = time.time()
+            try:
+                run_fn(spec.config, spec.workdir)
+                status = ("finished" if is_finished(spec.workdir, spec.config.stage_order)
+                          else "unfinished")
+                rec = make_record(spec, load_results(spec.workdir), status=status,
+                                  wall_time_s=time.time() - t0)
+            except KeyboardInterrupt:
+                raise
+            except errors.PreemptedError:
+                # SIGTERM / preemption: the stage saved a checkpoint; stop the whole
+                # comparison (rerunning the command resumes it) instead of moving on.
+                _write_json(records, workdir, json_name)
+                log(f"[compare] stopped on request during {spec.name}; rerun to resume")
+                raise
+            except errors.WorkdirBusyError as e:
+                # Another live process trains this run (sptlib.train.lock): leave it alone.
+                rec = make_record(spec, load_results(spec.workdir), status="unfinished",
+                                  error=errors.one_line(e), wall_time_s=time.time() - t0)
+                log(f"[compare] SKIPPED {spec.name}: {errors.one_line(e)}")
+            except Exception as e:
+                logging.exception("Run %s failed", spec.name)
+                # Any other error: one broken cell must not lose the others.
+                rec = make_record(spec, load_results(spec.workdir), status="failed",
+                                  error=f"{type(e).__name__}: {e}",
+                                  wall_time_s=time.time() - t0)
+                (epath.Path(spec.workdir) / "error.txt").write_text(traceback.format_exc())
+                log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
+        if spec.lr is not None:
+            rec["lr"], rec["lr_sweep"] = spec.lr, not spec.lr_from
+        if length_factors and rec["status"] == "finished" and lmreport.is_lm(spec.config):
+            # Causal LMs: bits per token at each factor on the same text (sptlib.protocol.lmeval).
+            rec["lm"] = lmreport.lm_record(spec.config, spec.workdir, length_factors,
+                                           evaluate=not report_only, log=log)
+        elif length_factors and rec["status"] == "finished" and not report_only:
+            rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn,
+                                                        log)
+        records.append(rec)
+        _write_json(records, workdir, json_name)  # partial progress is visible while running
+        if rec["status"] == "finished" and rec.get("test_accuracy") is not None:
+            log(f"[compare] {spec.name}: test accuracy {100 * rec['test_accuracy']:.2f}%")
+    _write_json(records, workdir, json_name)
+    if shard is not None:
+        return records, {"json": os.path.join(workdir, json_name)}
+    paths = report.write_report(records, workdir, title)
+    paths["json"] = os.path.join(workdir, json_name)
+    return records, paths
+
+
+def _val_accuracy(spec) -> float | None:
+    """A finished run's validation accuracy (the lr sweep's only input), else None."""
+    if not is_finished(spec.workdir, spec.config.stage_order):
+        return None
+    return make_record(spec, load_results(spec.workdir), status="finished").get("val_accuracy")
+
+
+def _length_eval(spec, factors, fn, log) -> dict:
+    """{"<f>x": accuracy} for every factor the run allows, cached in the run's
+    `length_generalization.json` per factor: a later call computes only the factors it lacks, and
+    an empty result is never written (a refused factor is retried, not remembered as done)."""
+    cache = epath.Path(spec.workdir) / "length_generalization.json"
+    done = {}
+    if cache.exists():
+        try:
+            done = {k: float(v) for k, v in json.loads(cache.read_text()).items()}
+        except (ValueError, TypeError, AttributeError):
+            log(f"[compare] {cache} is unreadable; recomputing it")
+    wanted = {f"{factor:g}x": factor for factor in factors}
+    missing = [f for k, f in wanted.items() if k not in done]
+    if missing and fn is None:
+        from sptlib.protocol import lengthgen  # deferred: pulls in JAX
+        fn = lengthgen.evaluate
+    for factor in missing:
+        try:
+            acc = fn(spec.config, spec.workdir, factor)
+        except Exception as e:  # a model or task that cannot run longer inputs
+            log(f"[compare] length x{factor:g} for {spec.name} skipped: {e}")
+            acc = None
+        if acc is not None:
+            done[f"{factor:g}x"] = float(acc)
+    if done and missing:
+        _write_json(done, spec.workdir, cache.name)
+    return {k: v for k, v in done.items() if k in wanted}
+
+
+def _write_json(records, workdir, name="comparison.json"):
+    # Readers (a report, another shard) never see a half-written file.
+    results_lib.write_json(epath.Path(workdir) / name, records, indent=1, sort_keys=False)
+
+
+def parse_numbers(flag: str, values, kind=float, *, low=None, high=None, low_open=False):
+    """`--flag=a,b` values as `kind`, each checked against (low, high]; errors name the flag."""
+    if values is None:
+        return None
+    out = []
+    for v in values:
+        try:
+            x = kind(v)
+        except ValueError:
+            raise errors.ConfigError(f"--{flag}={','.join(values)}: {v!r} is not "
+                                     f"{'an integer' if kind is int else 'a number'}") from None
+        if (kind is float and not math.isfinite(x)) or (low is not None and (
+                x < low or (low_open and x == low))) or (high is not None and x > high):
+            bound = f"{'>' if low_open else '>='} {low:g}" if high is None else \
+                f"in ({low:g}, {high:g}]"
+            raise errors.ConfigError(f"--{flag}={','.join(values)}: {v!r} must be {bound}")
+        out.append(x)
+    if not out:
+        raise errors.ConfigError(f"--{flag}= is empty; give at least one value")
+    return out
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logs.quiet_library_logs()
+    try:
+        return _main()
+    except errors.SptlibError as e:
+        raise SystemExit(errors.report(e, "sptlib.protocol.compare", verbose=_VERBOSE.value or None)) \
+            from None
+
+
+def _main():
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    seeds = parse_numbers("seeds", _SEEDS.value, int, low=0)
+    fractions = parse_numbers("data_fractions", _FRACTIONS.value, low=0, high=1, low_open=True)
+    factors = parse_numbers("length_factors", _LENGTH.value, low=0, low_open=True)
+    lrs = parse_numbers("lrs", _LRS.value, low=0, low_open=True)
+    lr_seeds = parse_numbers("lr_seeds", _LR_SEEDS.value, int, low=0)
+    shard = parse_shard(_SHARD.value)
+    filename = config_flags.get_config_filename(flags.FLAGS["config"])
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    base, specs = expand(
+        filename, overrides, workdir=_WORKDIR.value, models=_MODELS.value,
+        regimes=_REGIMES.value, seeds=seeds, data_fractions=fractions,
+        rand_init=_RAND_INIT.value, lrs=lrs, lr_seeds=lr_seeds)
+    if factors is None:
+        factors = parse_numbers("config.compare.length_factors",
+                                [str(f) for f in base.compare.length_factors] or None,
+                                low=0, low_open=True) or []
+    if _DRY_RUN.value:
+        for s in specs:
+            print(f"{s.name:40s} stages={tuple(s.config.stage_order)} -> {s.workdir}")
+        return
+    jobs = 1 if shard is not None or _REPORT_ONLY.value else compare_jobs.resolve_jobs(
+        base.compare.get("jobs", 1) if _JOBS.value is None else _JOBS.value, len(specs))
+    if jobs > 1:
+        # Then the table below, from the finished runs.
+        compare_jobs.run_shards(sys.argv[1:], jobs, data_config=specs[0].config.data)
+    title = base.compare.get("title") or f"Comparison: {filename}"
+    records, paths = run_comparison(specs, _WORKDIR.value, title=title, length_factors=factors,
+                                    report_only=_REPORT_ONLY.value, shard=shard)
+    if shard is not None:
+        print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard has "
+              f"finished, run the same command without --shard for the table and plots.")
+        return
+    print(f"\nTable:  {paths['markdown']}\nRecords: {paths['json']}")
+    for k, v in paths.items():
+        if k not in ("markdown", "json"):
+            print(f"Plot:   {v}")
+    print()
+    print(epath.Path(paths["markdown"]).read_text())
+    if any(r["status"] != "finished" for r in records):
+        sys.exit(1)
+
+
+def run():
+    """Console-script entry point (`spt-compare`)."""
+    import functools
+    platform.prepare_process()  # CPU hosts: keep XLA:CPU's buffers (workers inherit it)
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main, flags_parser=functools.partial(errors.parse_absl_flags,
+                                                 prog="sptlib.protocol.compare"))
+
+
+if __name__ == "__main__":
+    run()
