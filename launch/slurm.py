@@ -24,7 +24,7 @@ import tempfile
 from typing import Sequence
 
 from launch import common
-from sptlib import meshes
+from sptlib.slices import meshes
 
 TEMPLATE = pathlib.Path(__file__).with_name("slurm.sbatch")
 

@@ -23,7 +23,7 @@ import sys
 from typing import Sequence
 
 from launch import common
-from sptlib import meshes
+from sptlib.slices import meshes
 
 MODES = ("spot", "reserved", "best-effort", "on-demand")
 VENV = "~/spt-venv"
