@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#include <utility>
 
 #include "common.h"
 #if defined(__AVX__)
@@ -461,34 +462,34 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
   return ffi::Error::Success();
 }
 
+// Both handlers take q, k, v [B, H, L, D] and the key mask [B, L] first, the causal / window
+// attributes after their other operands, and return three f32 buffers (o, m, l or dq, dk, dv).
+auto BindQkvMask() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::PRED>>();
+}
+
+template <typename Binding>
+auto WithMaskAttrsAndThreeResults(Binding b) {
+  return std::move(b).template Attr<int64_t>("causal")
+      .template Attr<int64_t>("window")
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::Buffer<ffi::F32>>();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SptlibFusedAttentionFwd, Forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("causal")
-                                  .Attr<int64_t>("window")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              WithMaskAttrsAndThreeResults(BindQkvMask()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SptlibFusedAttentionBwd, Backward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("causal")
-                                  .Attr<int64_t>("window")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              WithMaskAttrsAndThreeResults(BindQkvMask()
+                                                               .Arg<ffi::Buffer<ffi::F32>>()
+                                                               .Arg<ffi::Buffer<ffi::F32>>()
+                                                               .Arg<ffi::Buffer<ffi::F32>>()
+                                                               .Arg<ffi::Buffer<ffi::F32>>()));
