@@ -17,8 +17,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "common.h"
 #if defined(__AVX__)
