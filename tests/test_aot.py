@@ -249,3 +249,10 @@ def test_all_paper_configs_compile(tmp_path):
     assert len(records) == 2 * len(aot.paper_configs())
     assert out.returncode == 0, "\n".join(_errors(out.stderr))
     assert out.stdout.count("\n| ") >= len(records)
+
+
+def test_paper_configs_load_from_the_repository():
+    """`--all` reads every paper config from experiments/ (a path relative to the package)."""
+    names = [name for name, _ in aot.paper_configs()]
+    assert "lra.py:listops,transformer,spt-masked" in names
+    assert len(names) == len(set(names)) >= 14

@@ -41,7 +41,7 @@ from sptlib.slices import meshes, topologies
 from sptlib.configs import common
 from sptlib.train import flops, setup
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INSTALL_HINT = ("sptlib.slices.aot needs libtpu to compile for TPUs (this machine needs no TPU): "
                 "pip install -e '.[tpu]'  (or: pip install 'libtpu==0.0.42.*')")
 # The paper grid of `--all`: experiment file, its argument prefix, tasks (None: no task slot).

@@ -82,76 +82,77 @@ struct Plan {
     }
   }
 
+  // Calls f(xr, xi, j, q, w) for each butterfly j of radix-4 stage `stage` in every block of
+  // points in [begin, end) (xr, xi: the block's start; w: butterfly j's twiddles): the loops
+  // the DIT and DIF stages share. f is a lambda, inlined at -O3.
+  template <bool INV, typename F>
+  void for_each_butterfly(v8* re, v8* im, size_t stage, int64_t begin, int64_t end,
+                          F f) const {
+    const int64_t len = r4len[stage], q = len / 4;
+    const float* tw = r4tw.data() + r4off[stage];
+    for (int64_t i = begin; i < end; i += len) {
+      for (int64_t j = 0; j < q; ++j) f(re + i, im + i, j, q, twiddles<INV>(tw + 6 * j));
+    }
+  }
+
   // One radix-4 stage of decimation in time over the blocks of points [begin, end): a block's
   // four quarters hold the length-q DFTs of its subsequence's samples with residues 0, 2, 1, 3
   // (mod 4), and X[j + k q] = sum_r W^(r (j + k q)) F_r[j].
   template <bool INV>
   void dit_stage(v8* re, v8* im, size_t stage, int64_t begin, int64_t end) const {
-    const int64_t len = r4len[stage], q = len / 4;
-    const float* tw = r4tw.data() + r4off[stage];
-    for (int64_t i = begin; i < end; i += len) {
-      v8* xr = re + i;
-      v8* xi = im + i;
-      for (int64_t j = 0; j < q; ++j) {
-        const Twiddles w = twiddles<INV>(tw + 6 * j);
-        const v8 f0r = xr[j], f0i = xi[j];
-        v8 f1r, f1i, f2r, f2i, f3r, f3i;
-        cmul(xr[j + q], xi[j + q], w.r2, w.i2, &f2r, &f2i);
-        cmul(xr[j + 2 * q], xi[j + 2 * q], w.r1, w.i1, &f1r, &f1i);
-        cmul(xr[j + 3 * q], xi[j + 3 * q], w.r3, w.i3, &f3r, &f3i);
-        const v8 pr = f0r + f2r, pi = f0i + f2i, mr = f0r - f2r, mi = f0i - f2i;
-        const v8 sr = f1r + f3r, si = f1i + f3i, dr = f1r - f3r, di = f1i - f3i;
-        xr[j] = pr + sr;
-        xi[j] = pi + si;
-        xr[j + 2 * q] = pr - sr;
-        xi[j + 2 * q] = pi - si;
-        // X[j + q] = m - i d, X[j + 3q] = m + i d (signs of i swapped for the inverse).
-        if (INV) {
-          xr[j + q] = mr - di;
-          xi[j + q] = mi + dr;
-          xr[j + 3 * q] = mr + di;
-          xi[j + 3 * q] = mi - dr;
-        } else {
-          xr[j + q] = mr + di;
-          xi[j + q] = mi - dr;
-          xr[j + 3 * q] = mr - di;
-          xi[j + 3 * q] = mi + dr;
-        }
+    for_each_butterfly<INV>(re, im, stage, begin, end, [](v8* xr, v8* xi, int64_t j, int64_t q,
+                                                           const Twiddles& w) {
+      const v8 f0r = xr[j], f0i = xi[j];
+      v8 f1r, f1i, f2r, f2i, f3r, f3i;
+      cmul(xr[j + q], xi[j + q], w.r2, w.i2, &f2r, &f2i);
+      cmul(xr[j + 2 * q], xi[j + 2 * q], w.r1, w.i1, &f1r, &f1i);
+      cmul(xr[j + 3 * q], xi[j + 3 * q], w.r3, w.i3, &f3r, &f3i);
+      const v8 pr = f0r + f2r, pi = f0i + f2i, mr = f0r - f2r, mi = f0i - f2i;
+      const v8 sr = f1r + f3r, si = f1i + f3i, dr = f1r - f3r, di = f1i - f3i;
+      xr[j] = pr + sr;
+      xi[j] = pi + si;
+      xr[j + 2 * q] = pr - sr;
+      xi[j + 2 * q] = pi - si;
+      // X[j + q] = m - i d, X[j + 3q] = m + i d (signs of i swapped for the inverse).
+      if (INV) {
+        xr[j + q] = mr - di;
+        xi[j + q] = mi + dr;
+        xr[j + 3 * q] = mr + di;
+        xi[j + 3 * q] = mi - dr;
+      } else {
+        xr[j + q] = mr + di;
+        xi[j + q] = mi - dr;
+        xr[j + 3 * q] = mr - di;
+        xi[j + 3 * q] = mi + dr;
       }
-    }
+    });
   }
 
   // Decimation in frequency's stage: the transpose of `dit_stage` (the DFT matrix is
   // symmetric), a 4-point DFT followed by the twiddles.
   template <bool INV>
   void dif_stage(v8* re, v8* im, size_t stage, int64_t begin, int64_t end) const {
-    const int64_t len = r4len[stage], q = len / 4;
-    const float* tw = r4tw.data() + r4off[stage];
-    for (int64_t i = begin; i < end; i += len) {
-      v8* xr = re + i;
-      v8* xi = im + i;
-      for (int64_t j = 0; j < q; ++j) {
-        const Twiddles w = twiddles<INV>(tw + 6 * j);
-        const v8 x0r = xr[j], x0i = xi[j], x1r = xr[j + q], x1i = xi[j + q];
-        const v8 x2r = xr[j + 2 * q], x2i = xi[j + 2 * q], x3r = xr[j + 3 * q],
-                 x3i = xi[j + 3 * q];
-        const v8 ar = x0r + x2r, ai = x0i + x2i, br = x0r - x2r, bi = x0i - x2i;
-        const v8 cr = x1r + x3r, ci = x1i + x3i, dr = x1r - x3r, di = x1i - x3i;
-        // o0 = a + c, o1 = (a - c) W^2j, o2 = (b - i d) W^j, o3 = (b + i d) W^3j.
-        const v8 o1r = ar - cr, o1i = ai - ci;
-        v8 o2r, o2i, o3r, o3i;
-        if (INV) {
-          o2r = br - di, o2i = bi + dr, o3r = br + di, o3i = bi - dr;
-        } else {
-          o2r = br + di, o2i = bi - dr, o3r = br - di, o3i = bi + dr;
-        }
-        xr[j] = ar + cr;
-        xi[j] = ai + ci;
-        cmul(o1r, o1i, w.r2, w.i2, xr + j + q, xi + j + q);
-        cmul(o2r, o2i, w.r1, w.i1, xr + j + 2 * q, xi + j + 2 * q);
-        cmul(o3r, o3i, w.r3, w.i3, xr + j + 3 * q, xi + j + 3 * q);
+    for_each_butterfly<INV>(re, im, stage, begin, end, [](v8* xr, v8* xi, int64_t j, int64_t q,
+                                                           const Twiddles& w) {
+      const v8 x0r = xr[j], x0i = xi[j], x1r = xr[j + q], x1i = xi[j + q];
+      const v8 x2r = xr[j + 2 * q], x2i = xi[j + 2 * q], x3r = xr[j + 3 * q],
+               x3i = xi[j + 3 * q];
+      const v8 ar = x0r + x2r, ai = x0i + x2i, br = x0r - x2r, bi = x0i - x2i;
+      const v8 cr = x1r + x3r, ci = x1i + x3i, dr = x1r - x3r, di = x1i - x3i;
+      // o0 = a + c, o1 = (a - c) W^2j, o2 = (b - i d) W^j, o3 = (b + i d) W^3j.
+      const v8 o1r = ar - cr, o1i = ai - ci;
+      v8 o2r, o2i, o3r, o3i;
+      if (INV) {
+        o2r = br - di, o2i = bi + dr, o3r = br + di, o3i = bi - dr;
+      } else {
+        o2r = br + di, o2i = bi - dr, o3r = br - di, o3i = bi + dr;
       }
-    }
+      xr[j] = ar + cr;
+      xi[j] = ai + ci;
+      cmul(o1r, o1i, w.r2, w.i2, xr + j + q, xi + j + q);
+      cmul(o2r, o2i, w.r1, w.i1, xr + j + 2 * q, xi + j + 2 * q);
+      cmul(o3r, o3i, w.r3, w.i3, xr + j + 3 * q, xi + j + 3 * q);
+    });
   }
 
   // Stages [0, short_stages) work inside blocks of `block` points: they run block by block, all
