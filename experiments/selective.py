@@ -199,7 +199,7 @@ def main():
     seeds = [int(s) for s in a.seeds.split(",")]
     todo = [(m, t, s) for s in seeds for t in tasks for m in models
             if not os.path.exists(os.path.join(a.out, f"{m}_{t}_s{s}.json"))]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", SPTLIB_NATIVE=os.environ.get("SPTLIB_NATIVE", "1"),
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     t0, running = time.time(), []
     while todo or running:
