@@ -13,6 +13,11 @@ group) and scored on 1,000 held-out sequences: accuracy over the answer position
 of sequences with every answer right. Results: DIR/<model>_<task>_s<seed>.json (a finished run
 is not repeated) and DIR/table.md (means with 95% t-intervals over the seeds).
 
+The same probes also run through `sptlib.compare` (fixed training sets, SPT regimes included):
+`get_config` here is experiments/probes.py's, so
+`python -m sptlib.compare --config=experiments/selective.py:associative_recall --workdir=DIR`
+runs that grid.
+
 Budget: CPU seconds per training step measured here (batch 16, one thread, associative recall):
 Mamba 0.34, Mamba-2 0.19, Transformer 0.04; selective copying (L = 256) about twice that. The
 whole grid, 24 runs of 1,000 steps, is then ~6,400 CPU seconds with compilation and evaluation:
@@ -37,6 +42,14 @@ TASKS = {"associative_recall": dict(num_pairs=16, length=128, key_vocab=64, valu
 SEEDS = (0, 1, 2)
 D_MODEL, N_LAYERS, BATCH, LR, WD = 64, 2, 16, 1e-3, 0.1
 NUM_TEST = 1000
+POSITIONAL = ("task", "model", "regime")  # of get_config (experiments/probes.py)
+
+
+def get_config(arg="associative_recall"):
+    """experiments/probes.py's `sptlib.compare` config for `arg` (task[,model,regime][,...])."""
+    sys.path.insert(0, ROOT)
+    from sptlib.configs import common  # after sys.path has the repository root (script run)
+    return common.load_module(os.path.join(ROOT, "experiments", "probes.py")).get_config(arg)
 
 
 def model_cfg(model, info):

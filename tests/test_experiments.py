@@ -24,7 +24,8 @@ def fake_info(cfg):
     length = int(d.max_length) or data.sequence_length(d)
     return dict(vocab_size=0 if cont else 260, num_classes=classes,
                 max_length=length, input_type=d.input_type,
-                d_input=cfg.model.d_input if cont else 1, pair=d.task == "retrieval")
+                d_input=cfg.model.d_input if cont else 1, pair=d.task == "retrieval",
+                per_position=d.task in ("associative_recall", "selective_copying"))
 
 
 def fake_batch(info, batch_size, rng):
@@ -39,6 +40,10 @@ def fake_batch(info, batch_size, rng):
         b["inputs"] = rng.integers(2, info["vocab_size"], (B, L)).astype(np.int32)
     if info["pair"]:
         b["inputs2"], b["mask2"] = b["inputs"][::-1].copy(), b["mask"].copy()
+    if info["per_position"]:  # the probes: a class at a fifth of the positions, -1 elsewhere
+        scored = rng.random((B, L)) < 0.2
+        b["targets"] = np.where(scored, rng.integers(0, info["num_classes"], (B, L)),
+                                -1).astype(np.int32)
     return b
 
 

@@ -44,25 +44,55 @@ def listops(model: str, regime: str, *, num_train: int, num_eval: int, min_lengt
     return comparison(model, regime, data=data, generate=generate, **kwargs)
 
 
+def probe(model: str, regime: str, *, task: str, length: int, options: dict, num_train: int,
+          num_eval: int, data_seed: int = 0, mask_rate: float = 0.15,
+          **kwargs) -> ml_collections.ConfigDict:
+    """A CPU-sized comparison on a synthetic probe (`task`: associative_recall |
+    selective_copying, `sptlib.data.probes`): per-position labelling (`tagging` objective) with
+    every model causal, the probes being causal tasks; masked SPT masks `mask_rate` of the tokens
+    of the training sequences and reconstructs them. `options`: `config.data.probes` fields.
+    `kwargs`: see `comparison`."""
+    data = dict(task=task, input_type="tokens", max_length=length)
+    probes = dict(options, num_train=num_train, num_val=num_eval, num_test=num_eval,
+                  seed=data_seed)
+    c = comparison(model, regime, data=data, generate={}, mask_rate=mask_rate,
+                   objective="tagging", **kwargs)
+    with c.unlocked():
+        c.data.probes.update(probes)
+        c.model.causal = True
+        # A stage's `causal` overrides the model's (spt-causal finetunes bidirectionally); here
+        # every stage stays causal.
+        for name in ("pretrain", "finetune", "scratch"):
+            if "causal" in c.stages[name]:
+                c.stages[name].causal = True
+    c.lock()
+    return c
+
+
 def comparison(model: str, regime: str, *, data: dict, generate: dict, n_layers: int,
                      d_model: int, steps: int, pretrain_steps: int, batch_size: int, lr: float,
                      eval_every: int, compare: dict, n_heads: int = 4, ffn_mult: int = 2,
                      d_state: int = 64, mask_rate: float = 0.5, target: str = "pixel256",
-                     init_scheme: str = "linen",
-                     mlpinit_objective: str = "classify") -> ml_collections.ConfigDict:
+                     init_scheme: str = "linen", mlpinit_objective: str = "classify",
+                     objective: str = "classify",
+                     positions: str = "sinusoidal") -> ml_collections.ConfigDict:
     """A CPU-sized comparison config on a generated task (locked).
 
     Every model gets the same width, depth, optimiser (AdamW, cosine, weight decay 0.01) and
     budget; SSM parameters take lr 1e-3 and no weight decay as in the paper. Masked SPT masks
     `mask_rate` of the pixels and reconstructs them (`target`: pixel256 | l1). `init_scheme`:
     linen | torch initialisation of the dense projections (`config.model.init_scheme`).
-    `mlpinit_objective`: stage 1 of the mlpinit regime (classify | masked).
+    `mlpinit_objective`: stage 1 of the mlpinit regime (classify | masked). `objective`: the
+    finetune / scratch stages' (classify | tagging). `positions`: the Transformer's (sinusoidal |
+    rotary).
     """
 
     task = dataclasses.replace(TASKS["pathfinder"], data=dict(data), mask_rate=mask_rate,
-                               target=target if data["input_type"] == "continuous" else "")
+                               target=target if data["input_type"] == "continuous" else "",
+                               objective=objective)
     recipe = Recipe(n_layers, d_model, batch_size, lr, 0.01, 1, warmup_steps=min(100, steps // 10),
-                    schedule="cosine", n_heads=n_heads, ffn_mult=ffn_mult, norm="layer")
+                    schedule="cosine", n_heads=n_heads, ffn_mult=ffn_mult, norm="layer",
+                    positions=positions)
     c = train_config.base_config()
     with c.unlocked():
         c.data.update(data)

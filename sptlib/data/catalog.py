@@ -16,12 +16,14 @@ registry. Task defaults (LRA / the SPT paper):
   code_lm          causal LM, bytes, windows of 512        Python source of installed packages
   code_bytes       bytes, 10 classes (packages), 2048      the same sources (code_bytes.py)
   pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (lm.py, causal_lm.py)
+  associative_recall / selective_copying  per-position labels, 128 / 256   generated in memory
+                                                           (probes.py, probe_tasks.py)
 Every `Task.info` (and so its sequence length) is `sptlib.data.defaults.task_info(config.data)`.
 """
 
 # Imported for their `register` calls: every task's builder.
 from sptlib.data import causal_lm, cifar, code_bytes, fashion_mnist, file_tasks  # noqa: F401
-from sptlib.data import orientation, text  # noqa: F401
+from sptlib.data import orientation, probe_tasks, text  # noqa: F401
 from sptlib.data.config import TASKS
 from sptlib.data.registry import BUILDERS, Task
 

@@ -10,7 +10,7 @@ from sptlib.data import lm
 
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
          "speech_commands", "fashion_mnist", "lines", "code_lm", "pg19", "lm1b",
-         "arxiv", "code_bytes")
+         "arxiv", "code_bytes", "associative_recall", "selective_copying")
 
 
 def data_config():
@@ -19,7 +19,9 @@ def data_config():
     # Task: listops | text | retrieval | image | scifar | pathfinder | pathx | pathx256 |
     # speech_commands | fashion_mnist | lines (generated in memory, sptlib/data/orientation.py) |
     # code_lm | pg19 | lm1b | arxiv (causal LM windows, sptlib/data/lm.py) | code_bytes (which
-    # package a window of Python source is from, sptlib/data/code_bytes.py).
+    # package a window of Python source is from, sptlib/data/code_bytes.py) |
+    # associative_recall | selective_copying (synthetic per-position labelling probes generated
+    # in memory, sptlib/data/probes.py; sizes in `probes` below).
     c.task = "listops"
     # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
     c.lra_dir = "lra_release"
@@ -85,6 +87,30 @@ def data_config():
     # Causal LM tasks (code_lm | pg19 | lm1b): corpus and windows (sptlib.data.lm.lm_config).
     c.lm = lm.lm_config()
     c.code_bytes = code_bytes_config()
+    c.probes = probes_config()
+    return c
+
+
+def probes_config():
+    """`config.data.probes`: the synthetic probes (sptlib/data/probes.py, probe_tasks.py). The
+    sequence length is `data.max_length` (0 = 128 for associative_recall, 256 for
+    selective_copying)."""
+    c = ml_collections.ConfigDict()
+    # associative_recall: key-value pairs per sequence, key and value vocabularies, and keys
+    # queried (0 = every key once).
+    c.num_pairs = 16
+    c.key_vocab = 64
+    c.value_vocab = 64
+    c.num_queries = 0
+    # selective_copying: data tokens scattered among blanks, and their vocabulary.
+    c.num_tokens = 16
+    c.data_vocab = 16
+    # Sequences per split; train, validation and test come from three disjoint random streams of
+    # `seed` (sptlib.data.probes.SPLIT_TAGS), so the same seed gives the same splits.
+    c.num_train = 16000
+    c.num_val = 1000
+    c.num_test = 1000
+    c.seed = 0
     return c
 
 

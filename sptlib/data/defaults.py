@@ -5,11 +5,11 @@ length, channels and pairing: the builders (`sptlib.data.catalog`) return it as 
 code that must not read data (FLOP estimates, AOT compiles, benchmarks) calls it directly.
 """
 
-from sptlib.data import lm, tokenizers
+from sptlib.data import lm, probes, tokenizers
 
 # Sequence length when `max_length` is 0 (speech_commands: one second at 16 kHz).
 DEFAULT_LENGTHS = {"listops": 2000, "text": 4096, "retrieval": 4000, "speech_commands": 16000,
-                   "code_bytes": 2048,
+                   "code_bytes": 2048, "associative_recall": 128, "selective_copying": 256,
                    **{name: lm.DEFAULT_LENGTH for name in lm.LM_TASKS}}
 # Image side when `resolution` is 0; these tasks are resolution x resolution long.
 DEFAULT_RESOLUTIONS = {"pathfinder": 32, "pathx": 128, "pathx256": 256, "lines": 16,
@@ -56,6 +56,13 @@ def task_info(cfg) -> dict:
         # Causal LMs: bytes, or the SentencePiece model's vocabulary when one is configured.
         return info(t, vocab_size=lm.vocab_size(cfg), num_classes=0, max_length=length,
                     input_type="tokens")
+    if t in probes.PROBES:
+        # Per-position labelling: batches carry `targets` [batch, length] instead of `label`.
+        p = probes.info(t, **probes.options_from(t, cfg.probes, length))
+        out = info(t, vocab_size=p["vocab_size"], num_classes=p["num_classes"],
+                   max_length=length, input_type="tokens")
+        out["per_position"] = True
+        return out
     if t == "code_bytes":  # one class per package (sptlib/data/code_bytes.py)
         return info(t, vocab_size=tokenizers.BYTE_VOCAB_SIZE,
                     num_classes=len(cfg.code_bytes.packages), max_length=length,

@@ -16,8 +16,9 @@ and -1 elsewhere (`scored = targets >= 0`). Token ids keep sptlib's reserved ids
 `<mask>` = 1, `sptlib.vocab`); every sequence has the full length (`mask` all True).
 
 Pure NumPy and deterministic: example i of a set is drawn from its own stream seeded
-[seed, i] (held-out sets: [seed, HELD_OUT_TAG, i]), so a set's first examples do not depend on
-its size and no held-out example is drawn from a training stream.
+[seed, i] (held-out sets: [seed, tag, i], `SPLIT_TAGS`), so a set's first examples do not depend
+on its size and no held-out example is drawn from a training stream. The tasks built on them
+(`sptlib.data.probe_tasks`) draw train, validation and test from three such streams.
 """
 
 import numpy as np
@@ -25,6 +26,10 @@ import numpy as np
 from sptlib import vocab
 
 HELD_OUT_TAG = 1_000_003
+VALIDATION_TAG = 1_000_033
+# Stream tag of each split of the probe tasks: test is the held-out stream of
+# experiments/selective.py, so both score the same sequences at one seed.
+SPLIT_TAGS = {"train": None, "validation": VALIDATION_TAG, "test": HELD_OUT_TAG}
 BLANK_ID = vocab.NUM_SPECIAL      # filler / noise token
 MARKER_ID = vocab.NUM_SPECIAL + 1  # copy marker (selective copying)
 FIRST_ID = vocab.NUM_SPECIAL + 2   # first key / data token
@@ -32,7 +37,10 @@ PROBES = ("associative_recall", "selective_copying")
 
 
 def _stream(seed, i, held_out):
-    return np.random.default_rng([seed, HELD_OUT_TAG, i] if held_out else [seed, i])
+    """held_out: False (training stream), True (HELD_OUT_TAG) or a tag (SPLIT_TAGS)."""
+    if held_out is True:
+        held_out = HELD_OUT_TAG
+    return np.random.default_rng([seed, int(held_out), i] if held_out else [seed, i])
 
 
 def associative_recall_info(*, num_pairs=16, length=128, key_vocab=64, value_vocab=64,
@@ -112,7 +120,8 @@ GENERATORS = {"associative_recall": (associative_recall, associative_recall_info
 
 
 def generate(name, num, *, seed=0, held_out=False, **options):
-    """`num` examples of probe `name` (PROBES) with its `options`."""
+    """`num` examples of probe `name` (PROBES) with its `options`; `held_out`: False (the
+    training stream), True (HELD_OUT_TAG) or a stream tag (SPLIT_TAGS)."""
     if name not in GENERATORS:
         raise ValueError(f"unknown probe {name!r}; known: {PROBES}")
     return GENERATORS[name][0](num, seed=seed, held_out=held_out, **options)
@@ -123,3 +132,15 @@ def info(name, **options):
     if name not in GENERATORS:
         raise ValueError(f"unknown probe {name!r}; known: {PROBES}")
     return GENERATORS[name][1](**options)
+
+
+# config.data.probes fields each probe reads (its length is config.data.max_length).
+OPTION_FIELDS = {"associative_recall": ("num_pairs", "key_vocab", "value_vocab", "num_queries"),
+                 "selective_copying": ("num_tokens", "data_vocab")}
+
+
+def options_from(name, probes_cfg, length):
+    """Keyword options of probe `name` from `config.data.probes` and the sequence length."""
+    if name not in GENERATORS:
+        raise ValueError(f"unknown probe {name!r}; known: {PROBES}")
+    return dict({k: int(probes_cfg[k]) for k in OPTION_FIELDS[name]}, length=int(length))

@@ -2,7 +2,8 @@
 
 Each source turns stored examples into the batch contract of docs/architecture.md (one example,
 padded to the task's fixed length): `inputs`, `mask`, `label`, `example_mask` (+ `raw` for
-continuous inputs, `inputs2`/`mask2` for pairs). `filler()` gives the all-padding example used to
+continuous inputs, `inputs2`/`mask2` for pairs; per-position labelling tasks carry `targets`
+instead of `label`). `filler()` gives the all-padding example used to
 complete the last evaluation batch. Sources are picklable (grain worker processes).
 """
 
@@ -92,6 +93,30 @@ class PairTokenSource:
         m = np.zeros(self.max_length, bool)
         return {"inputs": z, "mask": m, "inputs2": z, "mask2": m, "label": np.int32(0),
                 "example_mask": np.bool_(False)}
+
+
+class PositionSource:
+    """Full-length token sequences with a class per position: int ids, int targets (class or
+    -1 = not scored) and bool mask, each `[n, length]` (the synthetic probes)."""
+
+    def __init__(self, inputs, targets, mask):
+        self.inputs = np.asarray(inputs, np.int32)
+        self.targets = np.asarray(targets, np.int32)
+        self.mask = np.asarray(mask, bool)
+        assert self.inputs.shape == self.targets.shape == self.mask.shape
+        self.num_truncated = 0
+
+    def __len__(self):
+        return len(self.inputs)
+
+    def __getitem__(self, i):
+        return {"inputs": self.inputs[i], "mask": self.mask[i], "targets": self.targets[i],
+                "example_mask": np.bool_(True)}
+
+    def filler(self):
+        n = self.inputs.shape[1]
+        return {"inputs": np.zeros(n, np.int32), "mask": np.zeros(n, bool),
+                "targets": np.full(n, -1, np.int32), "example_mask": np.bool_(False)}
 
 
 def encode_values(values, input_type, length=None):

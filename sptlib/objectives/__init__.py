@@ -1,16 +1,17 @@
-"""Training objectives: masked denoising and causal SPT, classification and retrieval.
+"""Training objectives: masked denoising and causal SPT, classification, retrieval and tagging.
 
 `make_objective(config.stages.<name>.objective, task_info, model_cfg)` builds the objective of
-one stage: a `MaskedDenoising`, `CausalLM`, `Classification` or `Retrieval`, with its reconstruction
-target (`targets`), its model head (`objective.head_cfg`) and the mask-indicator channel fixed
-when it is built. `objective.loss(...)` turns a batch (docs/architecture.md, "Batches") into
-model inputs, calls the model and returns the loss with summed metrics. Everything is shape-static
-and jit-able.
+one stage: a `MaskedDenoising`, `CausalLM`, `Classification`, `Retrieval` or `Tagging`, with
+its reconstruction target (`targets`), its model head (`objective.head_cfg`) and the
+mask-indicator channel fixed when it is built. `objective.loss(...)` turns a batch
+(docs/architecture.md, "Batches") into model inputs, calls the model and returns the loss with
+summed metrics. Everything is shape-static and jit-able.
 
 Counting rules (the whole point of getting SPT right):
 - masked denoising counts only the masked positions (masks are drawn among real positions);
 - causal LM counts position t when both t and t + 1 are real (the last position is ignored);
-- classification / retrieval count one per example;
+- classification / retrieval count one per example; tagging counts the scored positions
+  (`targets >= 0`, per-position tasks such as the synthetic probes);
 - padding never counts and examples with `example_mask == False` never count.
 Metrics are `(sum, count)` pairs over the (global) batch, so the loop can aggregate them across
 steps exactly; the loss used for the gradient is `sum / max(count, 1)`.
@@ -24,28 +25,28 @@ an encoder trained with it transfers unchanged.
 import ml_collections
 
 from sptlib.objectives.base import Objective
-from sptlib.objectives.classify import Classification, Retrieval
+from sptlib.objectives.classify import Classification, Retrieval, Tagging
 from sptlib.objectives.spt import CausalLM, MaskedDenoising, span_mask
 from sptlib.objectives.targets import TARGETS
 
 OBJECTIVES = {"masked": MaskedDenoising, "causal": CausalLM, "classify": Classification,
-              "retrieval": Retrieval}
+              "retrieval": Retrieval, "tagging": Tagging}
 KINDS = tuple(OBJECTIVES)
 
 __all__ = ["KINDS", "OBJECTIVES", "TARGETS", "CausalLM", "Classification", "MaskedDenoising",
-           "Objective", "Retrieval", "make_objective", "objective_config", "span_mask"]
+           "Objective", "Retrieval", "Tagging", "make_objective", "objective_config", "span_mask"]
 
 
 def objective_config(kind="classify"):
     """Returns the default `config.stages.<name>.objective` for `kind`.
 
     Args:
-      kind: masked | causal | classify | retrieval.
+      kind: masked | causal | classify | retrieval | tagging.
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown objective kind {kind!r}; expected one of {KINDS}")
     c = ml_collections.ConfigDict()
-    # masked | causal | classify | retrieval.
+    # masked | causal | classify | retrieval | tagging (a class per scored position).
     c.kind = kind
     # Masked SPT: fraction of real positions masked. The paper's per-task rates are set by the
     # experiment presets (sptlib/configs/paper.py, TaskSpec.mask_rate).
@@ -58,7 +59,7 @@ def objective_config(kind="classify"):
     # Append a mask-indicator channel to continuous inputs. None = follow `model.mask_channel`
     # (resolved by `make_objective` from the model config).
     c.mask_channel = ml_collections.FieldReference(None, field_type=bool)
-    # Label smoothing of the classification / retrieval cross-entropy.
+    # Label smoothing of the classification / retrieval / tagging cross-entropy.
     c.label_smoothing = 0.0
     # Seed of the evaluation masks: evaluation of masked SPT uses masks that depend only on this
     # seed and the batch contents, so every checkpoint is scored on the same masked positions.

@@ -47,7 +47,7 @@ class Objective:
     """A training objective, built for one task and model by `sptlib.objectives.make_objective`.
 
     Attributes:
-      kind: masked | causal | classify | retrieval.
+      kind: masked | causal | classify | retrieval | tagging.
       cfg: its config (`config.stages.<name>.objective`).
       head_cfg: the head it trains: the `head_cfg` of `sptlib.models.build_model`.
       mask_channel: continuous inputs get a mask-indicator channel appended (resolved from

@@ -43,8 +43,8 @@ def stage_config(**overrides):
     """Returns one stage's config, e.g. `stage_config(objective="masked", num_steps=2000)`.
 
     Args:
-      **overrides: any stage field. `objective` may be an objective kind
-        (`masked | causal | classify | retrieval`, expanded with `objectives.objective_config`) or a
+      **overrides: any stage field. `objective` may be an objective kind (`masked | causal |
+        classify | retrieval | tagging`, expanded with `objectives.objective_config`) or a
         full ConfigDict; `optim` a ConfigDict or a dict of fields to set on `optim_config()`;
         `profile` likewise. An unknown field raises `KeyError`.
 

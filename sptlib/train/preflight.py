@@ -173,8 +173,11 @@ def check_objective(config, name) -> None:
 def metric_names(objective_cfg) -> set:
     """The validation metrics an objective reports (`sptlib.objectives`)."""
     names = {"loss"}
-    if objective_cfg.kind in ("classify", "retrieval") or objective_cfg.get("target") != "l1":
+    if objective_cfg.kind in ("classify", "retrieval", "tagging") or \
+            objective_cfg.get("target") != "l1":
         names.add("accuracy")
+    if objective_cfg.kind == "tagging":
+        names.add("exact")
     if objective_cfg.kind == "masked":
         names.add("masked_fraction")
     if objective_cfg.kind == "causal":

@@ -68,8 +68,9 @@ def batch_shapes(info, batch_size: int, length: int = 0, sharding=None) -> dict:
     """`ShapeDtypeStruct`s of a batch of the task (docs/architecture.md, "Batches").
 
     inputs int32 `[batch, length]` (tokens) or float32 `[batch, length, d_input]` plus raw int32
-    (continuous); mask bool `[batch, length]`; label int32 `[batch]`; example_mask bool
-    `[batch]`; paired tasks add inputs2 / mask2. `length` defaults to `info["max_length"]`.
+    (continuous); mask bool `[batch, length]`; label int32 `[batch]` (per-position tasks:
+    targets int32 `[batch, length]` instead); example_mask bool `[batch]`; paired tasks add
+    inputs2 / mask2. `length` defaults to `info["max_length"]`.
     """
     n, length = int(batch_size), int(length or info["max_length"])
 
@@ -82,7 +83,9 @@ def batch_shapes(info, batch_size: int, length: int = 0, sharding=None) -> dict:
         d = int(info["d_input"])
         inputs = {"inputs": spec((n, length, d), np.float32),
                   "raw": spec((n, length, d), np.int32)}
-    out = dict(inputs, mask=spec((n, length), np.bool_), label=spec((n,), np.int32),
+    labels = ({"targets": spec((n, length), np.int32)} if info.get("per_position")
+              else {"label": spec((n,), np.int32)})
+    out = dict(inputs, mask=spec((n, length), np.bool_), **labels,
                example_mask=spec((n,), np.bool_))
     if info.get("pair"):
         out["inputs2"] = inputs["inputs"]
