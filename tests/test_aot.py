@@ -185,8 +185,12 @@ def test_cli_pathx_transformer_pretrain_fits_a_v4_8(tmp_path):
     # FLOPs: more than the dense layers' 6 x params x tokens (attention adds its band).
     tokens = 32 * 128 * 128
     assert rec["flops_per_step"] > 6 * rec["num_params"] * tokens
+    # The assumed 40% MFU, capped by the compiler's bound: chip-hours at the assumption are
+    # never fewer than at the bound.
+    assert rec["mfu_assumed"] == 0.4 and rec["mfu"] == min(0.4, rec["bound_mfu"])
     assert rec["chip_hours"] == pytest.approx(
-        rec["steps"] * rec["flops_per_step"] / (275e12 * 0.4) / 3600)
+        rec["steps"] * rec["flops_per_step"] / (275e12 * min(0.4, rec["bound_mfu"])) / 3600)
+    assert rec["chip_hours"] >= rec["chip_hours_bound"]
     assert "lra.py:pathx,transformer,spt-masked" in out.stdout and "pretrain" in out.stdout
     # The resolved stage (sptlib.train.resolve): bf16 compute and splash attention on a TPU,
     # and the compiler's step-time bound with the chip-hours it allows.
