@@ -4,7 +4,7 @@ r"""The synthetic probes as a `sptlib.compare` grid: models x regimes x seeds, S
     python -m sptlib.compare --config=experiments/probes.py:selective_copying --workdir=DIR
 
 Tasks (`sptlib.data.probes`, built by `sptlib.data.probe_tasks`): associative_recall (MQAR, 16
-key-value pairs, L = 128, key and value vocabularies of 64) and selective_copying (16 tokens of a
+key-value pairs, L = 128, key and value vocabularies of 16) and selective_copying (16 tokens of a
 16-token vocabulary among blanks, L = 256): the sizes of `experiments/selective.py`. NUM_TRAIN
 training sequences (one epoch of STEPS batches), NUM_EVAL validation and NUM_EVAL test sequences,
 from three disjoint streams of `data_seed`; the test set is the held-out set of
@@ -32,7 +32,7 @@ from sptlib.configs import common, cpu_sized
 POSITIONAL = ("task", "model", "regime")
 
 # Options of each probe (config.data.probes fields) and its length (config.data.max_length).
-TASKS = {"associative_recall": (128, dict(num_pairs=16, key_vocab=64, value_vocab=64)),
+TASKS = {"associative_recall": (128, dict(num_pairs=16, key_vocab=16, value_vocab=16)),
          "selective_copying": (256, dict(num_tokens=16, data_vocab=16))}
 MODELS = ("mamba", "mamba2", "s4d", "transformer")
 REGIMES = ("scratch", "scratch-equal-compute", "spt-masked")

@@ -4,14 +4,19 @@ r"""Selective vs LTI vs attention on the synthetic probes: a CPU-sized grid (iss
         [--seeds=0,1,2]
 
 Grid: {mamba, mamba2, s4d, transformer} x {associative_recall (MQAR, 16 pairs, L = 128, key and
-value vocabularies of 64), selective_copying (16 tokens of a 16-token vocabulary among blanks,
-L = 256)} x seeds {0, 1, 2}. Every model is causal, 2 layers, d_model 64 (the Transformer: 4
-heads, rotary positions, FFN x 2; the SSMs: no FFN, their blocks as in their papers; S4D N = 64,
-Mamba N = 16, Mamba-2 N = 64 with heads of 32), trained on freshly drawn sequences (batch 16,
-1,000 steps, AdamW lr 1e-3, warmup 10% + cosine, clip 1, weight decay 0.1 except the "ssm"
-group) and scored on 1,000 held-out sequences: accuracy over the answer positions (`sptlib.data.probes`), and the fraction
-of sequences with every answer right. Results: DIR/<model>_<task>_s<seed>.json (a finished run
-is not repeated) and DIR/table.md (means with 95% t-intervals over the seeds).
+value vocabularies of 16: every key occurs once per sequence; chance 1/16), selective_copying
+(16 tokens of a 16-token vocabulary among blanks, L = 256; chance 1/16)} x seeds {0, 1, 2} x
+the lrs `LRS`. Every model is causal, 2 layers, d_model 64 (the Transformer: 4 heads, rotary
+positions, FFN x 2; the SSMs: no FFN, their blocks as in their papers; S4D N = 64, Mamba N = 16,
+Mamba-2 N = 64 with heads of 32), trained on freshly drawn sequences (batch 16, 1,000 steps,
+AdamW, warmup 10% + cosine, clip 1, weight decay 0.1 except the "ssm" group). Seed 0 runs every
+lr of `LRS`; the lr with the best accuracy on 500 validation sequences (a held-out stream of
+their own) is chosen per (model, task), and seeds 1 and 2 run at it. Test: 1,000 further
+held-out sequences, never used for a choice; accuracy over the answer positions
+(`sptlib.data.probes`) and the fraction of sequences with every answer right. Results:
+DIR/<model>_<task>_s<seed>_lr<lr>.json (a finished run is not repeated: the command resumes)
+and DIR/table.md (test accuracy at the chosen lr, mean ± 95% t-interval over the seeds; the
+chosen lr; each lr's validation accuracy).
 
 The same probes also run through `sptlib.compare` (fixed training sets, SPT regimes included):
 `get_config` here is experiments/probes.py's, so
@@ -37,11 +42,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODELS = ("mamba", "mamba2", "s4d", "transformer")
-TASKS = {"associative_recall": dict(num_pairs=16, length=128, key_vocab=64, value_vocab=64),
+# Key and value vocabularies of 16 (every key occurs in every sequence, chance 1/16): at 64 no
+# model left chance within this CPU budget (pilots in docs/reproducing.md).
+TASKS = {"associative_recall": dict(num_pairs=16, length=128, key_vocab=16, value_vocab=16),
          "selective_copying": dict(length=256, num_tokens=16, data_vocab=16)}
 SEEDS = (0, 1, 2)
-D_MODEL, N_LAYERS, BATCH, LR, WD = 64, 2, 16, 1e-3, 0.1
-NUM_TEST = 1000
+D_MODEL, N_LAYERS, BATCH, WD = 64, 2, 16, 0.1
+LRS = (1e-3, 3e-3)  # the lr axis: seed 0 runs each, validation picks one per (model, task)
+LR_SEEDS = (0,)     # seeds that sweep LRS; the other seeds run at the lr they chose
+NUM_VAL, NUM_TEST = 500, 1000
 POSITIONAL = ("task", "model", "regime")  # of get_config (experiments/probes.py)
 
 
@@ -75,8 +84,12 @@ def model_cfg(model, info):
     return m
 
 
-def run_one(model, task, seed, steps, out):
-    """Trains and evaluates one cell; writes its JSON record."""
+def record_path(out, model, task, seed, lr):
+    return os.path.join(out, f"{model}_{task}_s{seed}_lr{lr:g}.json")
+
+
+def run_one(model, task, seed, lr, steps, out):
+    """Trains one cell at peak lr `lr`; scores validation and test; writes its JSON record."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -89,11 +102,13 @@ def run_one(model, task, seed, steps, out):
 
     opts = TASKS[task]
     info = probes.info(task, **opts)
-    print(f"{model} {task} s{seed}: lr {LR} batch {BATCH} d_model {D_MODEL}", flush=True)
+    print(f"{model} {task} s{seed}: lr {lr} batch {BATCH} d_model {D_MODEL}", flush=True)
     model_def = build_model(model_cfg(model, info), {"kind": "token_logits",
                                                      "num_outputs": info["num_classes"]})
     t0 = time.time()
     data_seed = 1000 + seed  # training streams differ per seed; the test set is shared
+    # Validation (chooses the lr) and test are disjoint held-out streams, shared by all seeds.
+    val = probes.generate(task, NUM_VAL, seed=0, held_out=probes.VALIDATION_TAG, **opts)
     test = probes.generate(task, NUM_TEST, seed=0, held_out=True, **opts)
     first = probes.generate(task, BATCH, seed=data_seed, **opts)
     boxed = model_def.init(jax.random.PRNGKey(seed), jnp.asarray(first["inputs"]),
@@ -102,7 +117,7 @@ def run_one(model, task, seed, steps, out):
     params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, boxed,
                           is_leaf=lambda x: hasattr(x, "unbox"))
     n_params = int(sum(x.size for x in jax.tree.leaves(params)))
-    sched = optax.warmup_cosine_decay_schedule(0.0, LR, max(1, steps // 10), steps)
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 10), steps)
     groups = {g: optax.adamw(sched, weight_decay=WD if g == "default" else 0.0)
               for g in set(jax.tree.leaves(labels))}
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.multi_transform(groups, labels))
@@ -124,16 +139,17 @@ def run_one(model, task, seed, steps, out):
     def predict(p, inputs, mask):
         return jnp.argmax(model_def.apply({"params": p}, inputs, mask), axis=-1)
 
-    def evaluate(p):
+    def evaluate(p, data=test):
         right, scored, exact = 0, 0, 0
-        for i in range(0, NUM_TEST, 250):
-            b = {k: v[i:i + 250] for k, v in test.items()}
+        num = len(data["inputs"])
+        for i in range(0, num, 250):
+            b = {k: v[i:i + 250] for k, v in data.items()}
             pred = np.asarray(predict(p, b["inputs"], b["mask"]))
             w = b["targets"] >= 0
             ok = (pred == b["targets"]) & w
             right, scored = right + int(ok.sum()), scored + int(w.sum())
             exact += int((ok.sum(1) == w.sum(1)).sum())
-        return right / scored, exact / NUM_TEST
+        return right / scored, exact / num
 
     curve, losses = [], []
     t_train = time.time()
@@ -147,49 +163,77 @@ def run_one(model, task, seed, steps, out):
             curve.append((step + 1, evaluate(params)[0]))
     train_s = time.time() - t_train
     acc, exact = evaluate(params)
+    val_acc, val_exact = evaluate(params, val)
     curve.append((steps, acc))
     rec = {"model": model, "task": task, "seed": seed, "steps": steps, "batch": BATCH,
-           "lr": LR, "d_model": D_MODEL,
+           "lr": lr, "d_model": D_MODEL, "validation_accuracy": val_acc,
+           "validation_exact": val_exact,
            "options": opts, "params": n_params, "test_accuracy": acc, "test_exact": exact,
            "curve": curve, "train_loss_every_50": losses, "train_seconds": train_s,
            "seconds": time.time() - t0}
-    path = os.path.join(out, f"{model}_{task}_s{seed}.json")
+    path = record_path(out, model, task, seed, lr)
     with open(path + ".tmp", "w") as f:
         json.dump(rec, f, indent=1)
     os.replace(path + ".tmp", path)
-    print(f"{model} {task} s{seed}: acc {acc:.3f} exact {exact:.3f} ({train_s:.0f} s train)",
+    print(f"{model} {task} s{seed} lr {lr:g}: val {val_acc:.3f} acc {acc:.3f} exact {exact:.3f} ({train_s:.0f} s train)",
           flush=True)
 
 
-def table(out, models, tasks, seeds):
-    """Markdown table of the finished runs (mean ± 95% t-interval over seeds, in %)."""
+def _load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def chosen_lr(out, model, task, lrs, lr_seeds):
+    """The lr of `lrs` with the best mean validation accuracy over `lr_seeds` (ties: the first),
+    or None while a sweep run is missing. Test accuracies never enter the choice."""
+    best = None
+    for lr in lrs:
+        recs = [_load(record_path(out, model, task, s, lr)) for s in lr_seeds]
+        if any(r is None for r in recs):
+            return None
+        score = sum(r["validation_accuracy"] for r in recs) / len(recs)
+        if best is None or score > best[0]:
+            best = (score, lr)
+    return best[1]
+
+
+def table(out, models, tasks, seeds, lrs, lr_seeds):
+    """Markdown table: per (model, task) the test accuracy at the lr chosen on validation
+    (mean ± 95% t-interval over the seeds, in %), the chosen lr and every lr's validation
+    accuracy (mean over the sweep seeds)."""
     sys.path.insert(0, ROOT)
     from sptlib.protocol import stats  # after sys.path has the repository root (script run)
-    lines = ["| model | " + " | ".join(f"{t} acc (%)" for t in tasks) + " | "
-             + " | ".join(f"{t} exact (%)" for t in tasks) + " | params | s/run |",
-             "|---" * (2 + 2 * len(tasks)) + "|---|"]
+    lines = ["| model | task | test accuracy at answer positions (%) | all answers right (%) | "
+             "lr chosen | validation accuracy per lr (%) | params | s/run |",
+             "|---|---|---|---|---|---|---|---|"]
     for m in models:
-        accs, exacts, secs, params = {}, {}, [], ""
         for t in tasks:
-            recs = []
-            for s in seeds:
-                p = os.path.join(out, f"{m}_{t}_s{s}.json")
-                if os.path.exists(p):
-                    with open(p) as f:
-                        recs.append(json.load(f))
-            accs[t] = stats.mean_ci([r["test_accuracy"] for r in recs]).format(100)
-            accs[t] += f" (n={len(recs)})"
-            exacts[t] = stats.mean_ci([r["test_exact"] for r in recs]).format(100)
-            secs += [r["seconds"] for r in recs]
-            params = params or (recs and str(recs[0]["params"])) or ""
-        mean_s = f"{sum(secs) / len(secs):.0f}" if secs else "–"
-        lines.append(f"| {m} | " + " | ".join(accs[t] for t in tasks) + " | "
-                     + " | ".join(exacts[t] for t in tasks) + f" | {params} | {mean_s} |")
+            lr = chosen_lr(out, m, t, lrs, lr_seeds)
+            per_lr = []
+            for x in lrs:
+                recs = [_load(record_path(out, m, t, s, x)) for s in lr_seeds]
+                recs = [r for r in recs if r]
+                val = (f"{100 * sum(r['validation_accuracy'] for r in recs) / len(recs):.1f}"
+                       if recs else "–")
+                per_lr.append(f"{x:g}: {val}")
+            recs = [r for r in (_load(record_path(out, m, t, s, lr)) for s in seeds) if r] \
+                if lr is not None else []
+            acc = stats.mean_ci([r["test_accuracy"] for r in recs]).format(100)
+            exact = stats.mean_ci([r["test_exact"] for r in recs]).format(100)
+            secs = [r["seconds"] for r in recs]
+            params = recs[0]["params"] if recs else "–"
+            mean_s = f"{sum(secs) / len(secs):.0f}" if secs else "–"
+            lines.append(f"| {m} | {t} | {acc} (n={len(recs)}) | {exact} | "
+                         f"{'–' if lr is None else f'{lr:g}'} | {', '.join(per_lr)} | "
+                         f"{params} | {mean_s} |")
     return "\n".join(lines)
 
 
 def main():
-    global LR, BATCH, D_MODEL  # --lr / --batch / --d-model reach run_one and model_cfg
+    global BATCH, D_MODEL  # --batch / --d-model reach run_one and model_cfg
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=1000)
@@ -197,39 +241,59 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    ap.add_argument("--lr", type=float, default=LR, help="peak lr (pilots)")
+    ap.add_argument("--lrs", default=",".join(f"{x:g}" for x in LRS),
+                    help="peak learning rates; seeds in --lr-seeds run each")
+    ap.add_argument("--lr-seeds", default=",".join(map(str, LR_SEEDS)),
+                    help="seeds that sweep --lrs (the others run at the lr validation chose)")
     ap.add_argument("--batch", type=int, default=BATCH, help="sequences per step (pilots)")
     ap.add_argument("--d-model", type=int, default=D_MODEL, help="width (pilots)")
-    ap.add_argument("--run", default="", help=argparse.SUPPRESS)  # model,task,seed (worker)
+    ap.add_argument("--run", default="", help=argparse.SUPPRESS)  # model,task,seed,lr (worker)
     a = ap.parse_args()
-    LR, BATCH, D_MODEL = a.lr, a.batch, a.d_model
+    BATCH, D_MODEL = a.batch, a.d_model
     os.makedirs(a.out, exist_ok=True)
     if a.run:
-        m, t, s = a.run.split(",")
+        m, t, s, lr = a.run.split(",")
         sys.path.insert(0, ROOT)
-        return run_one(m, t, int(s), a.steps, a.out)
+        return run_one(m, t, int(s), float(lr), a.steps, a.out)
     models, tasks = a.models.split(","), a.tasks.split(",")
     seeds = [int(s) for s in a.seeds.split(",")]
-    todo = [(m, t, s) for s in seeds for t in tasks for m in models
-            if not os.path.exists(os.path.join(a.out, f"{m}_{t}_s{s}.json"))]
+    lrs = [float(x) for x in a.lrs.split(",")]
+    lr_seeds = [s for s in (int(x) for x in a.lr_seeds.split(",")) if s in seeds] or seeds[:1]
+    # Every (model, task, seed) cell; a sweep seed's cells at every lr, the others at the lr
+    # chosen (None until the sweep of their (model, task) has finished).
+    todo = [(m, t, s, lr) for s in lr_seeds for t in tasks for m in models for lr in lrs]
+    todo += [(m, t, s, None) for s in seeds if s not in lr_seeds for t in tasks for m in models]
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     t0, running = time.time(), []
     while todo or running:
-        while todo and len(running) < max(1, a.jobs):
-            m, t, s = todo.pop(0)
+        while len(running) < max(1, a.jobs):
+            ready = None
+            for i, (m, t, s, lr) in enumerate(todo):
+                lr = lr if lr is not None else chosen_lr(a.out, m, t, lrs, lr_seeds)
+                if lr is not None:
+                    ready = (i, (m, t, s, lr))
+                    break
+            if ready is None:
+                break
+            todo.pop(ready[0])
+            m, t, s, lr = ready[1]
+            if os.path.exists(record_path(a.out, m, t, s, lr)):
+                continue  # finished earlier: resumable
             cmd = [sys.executable, os.path.abspath(__file__), f"--out={a.out}",
-                   f"--steps={a.steps}", f"--run={m},{t},{s}", f"--lr={LR}",
-                   f"--batch={BATCH}", f"--d-model={D_MODEL}"]
-            log = open(os.path.join(a.out, f"{m}_{t}_s{s}.log"), "w")
+                   f"--steps={a.steps}", f"--run={m},{t},{s},{lr:g}", f"--batch={BATCH}",
+                   f"--d-model={D_MODEL}"]
+            log = open(record_path(a.out, m, t, s, lr)[:-len(".json")] + ".log", "w")
             running.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log,
-                            (m, t, s)))
+                            (m, t, s, lr)))
+        if not running and todo:
+            sys.exit(f"no runnable cell: the lr sweep of {todo[0][:2]} failed (see its log)")
         time.sleep(2)
         for job in [j for j in running if j[0].poll() is not None]:
             running.remove(job)
             job[1].close()
             print(f"[{time.time() - t0:.0f} s] {job[2]} rc {job[0].returncode}", flush=True)
-    md = table(a.out, models, tasks, seeds)
+    md = table(a.out, models, tasks, seeds, lrs, lr_seeds)
     with open(os.path.join(a.out, "table.md"), "w") as f:
         f.write(md + "\n")
     print(md)

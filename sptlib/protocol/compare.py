@@ -59,23 +59,24 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, `path.py[:arg]`, with a `compare` section.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the whole comparison.")
-_MODELS = flags.DEFINE_list("models", None, "Override config.compare.models.")
-_REGIMES = flags.DEFINE_list("regimes", None, "Override config.compare.regimes.")
-_SEEDS = flags.DEFINE_list("seeds", None, "Override config.compare.seeds (integers).")
-_FRACTIONS = flags.DEFINE_list(
-    "data_fractions", None, "Override config.compare.data_fractions (nested training subsets).")
-_LRS = flags.DEFINE_list(
-    "lrs", None, "Override config.compare.lrs: train every cell at each learning rate and report "
-    "each (model, regime) at the one chosen on validation (sptlib.protocol.sweeps).")
-_LR_SEEDS = flags.DEFINE_list(
-    "lr_seeds", None, "Override config.compare.lr_seeds: only these seeds sweep --lrs; the others "
-    "run once, at the lr their sweep chose on validation.")
+# Comma-separated overrides of config.compare.<name>: name -> the help after "Override ...".
+_LIST_OVERRIDES = {
+    "models": ".",
+    "regimes": ".",
+    "seeds": " (integers).",
+    "data_fractions": " (nested training subsets).",
+    "lrs": ": train every cell at each learning rate and report each (model, regime) at the one "
+           "chosen on validation (sptlib.protocol.sweeps).",
+    "lr_seeds": ": only these seeds sweep --lrs; the others run once, at the lr their sweep "
+                "chose on validation.",
+    "length_factors": ": evaluate the finished classifier on test inputs this many times longer "
+                      "(e.g. 2,4), for tasks and models that allow.",
+}
+_OVERRIDE = {name: flags.DEFINE_list(name, None, f"Override config.compare.{name}{more}")
+             for name, more in _LIST_OVERRIDES.items()}
 _RAND_INIT = flags.DEFINE_bool(
     "rand_init", False, "Also run every SSM model with random (unstructured) state-space init "
     "(model name + '-randinit'), the paper's structured-vs-random ablation.")
-_LENGTH = flags.DEFINE_list(
-    "length_factors", None, "Override config.compare.length_factors: evaluate the finished "
-    "classifier on test inputs this many times longer (e.g. 2,4), for tasks and models that allow.")
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only", False, "Only rebuild comparison.json/md and plots from finished runs.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
@@ -378,17 +379,18 @@ def main(argv):
 def _main():
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
-    seeds = parse_numbers("seeds", _SEEDS.value, int, low=0)
-    fractions = parse_numbers("data_fractions", _FRACTIONS.value, low=0, high=1, low_open=True)
-    factors = parse_numbers("length_factors", _LENGTH.value, low=0, low_open=True)
-    lrs = parse_numbers("lrs", _LRS.value, low=0, low_open=True)
-    lr_seeds = parse_numbers("lr_seeds", _LR_SEEDS.value, int, low=0)
+    o = {name: flag.value for name, flag in _OVERRIDE.items()}
+    seeds = parse_numbers("seeds", o["seeds"], int, low=0)
+    fractions = parse_numbers("data_fractions", o["data_fractions"], low=0, high=1, low_open=True)
+    factors = parse_numbers("length_factors", o["length_factors"], low=0, low_open=True)
+    lrs = parse_numbers("lrs", o["lrs"], low=0, low_open=True)
+    lr_seeds = parse_numbers("lr_seeds", o["lr_seeds"], int, low=0)
     shard = parse_shard(_SHARD.value)
     filename = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     base, specs = expand(
-        filename, overrides, workdir=_WORKDIR.value, models=_MODELS.value,
-        regimes=_REGIMES.value, seeds=seeds, data_fractions=fractions,
+        filename, overrides, workdir=_WORKDIR.value, models=o["models"],
+        regimes=o["regimes"], seeds=seeds, data_fractions=fractions,
         rand_init=_RAND_INIT.value, lrs=lrs, lr_seeds=lr_seeds)
     if factors is None:
         factors = parse_numbers("config.compare.length_factors",
