@@ -48,7 +48,7 @@ TASKS = {"associative_recall": dict(num_pairs=16, length=128, key_vocab=16, valu
          "selective_copying": dict(length=256, num_tokens=16, data_vocab=16)}
 SEEDS = (0, 1, 2)
 D_MODEL, N_LAYERS, BATCH, WD = 64, 2, 16, 0.1
-LRS = (1e-3, 3e-3)  # the lr axis: seed 0 runs each, validation picks one per (model, task)
+LRS = (1e-3, 3e-3, 1e-2)  # the lr axis: seed 0 runs each, validation picks one per (model, task)
 LR_SEEDS = (0,)     # seeds that sweep LRS; the other seeds run at the lr they chose
 NUM_VAL, NUM_TEST = 500, 1000
 POSITIONAL = ("task", "model", "regime")  # of get_config (experiments/probes.py)

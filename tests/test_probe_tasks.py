@@ -127,3 +127,31 @@ def test_compare_grid_on_associative_recall_runs(regimes, tmp_path):
     assert records[-1]["stages"]["finetune"]["objective"] == "tagging"
     table = open(paths["markdown"]).read()
     assert all(g in table for g in regimes)
+
+
+def test_standalone_grid_chooses_lr_on_validation_only(tmp_path):
+    """experiments/selective.py: the lr of each (model, task) is the best mean validation
+    accuracy of the sweep seeds; test accuracies, however adversarial, never change it."""
+    import json
+
+    from sptlib.configs import common
+    runner = common.load_module(os.path.join(ROOT, "experiments", "selective.py"))
+    val = {1e-3: 0.4, 3e-3: 0.9, 1e-2: 0.9}  # a tie: the first of the best (3e-3)
+
+    def write(test_of):
+        for lr, v in val.items():
+            rec = {"validation_accuracy": v, "test_accuracy": test_of(lr), "test_exact": 0.0,
+                   "seconds": 1.0, "params": 1}
+            with open(runner.record_path(str(tmp_path), "m", "t", 0, lr), "w") as f:
+                json.dump(rec, f)
+
+    lrs = list(val)
+    write(lambda lr: 0.5)
+    assert runner.chosen_lr(str(tmp_path), "m", "t", lrs, [0]) == 3e-3
+    write(lambda lr: 1.0 if lr == 1e-3 else 0.0)  # test favours another lr
+    assert runner.chosen_lr(str(tmp_path), "m", "t", lrs, [0]) == 3e-3
+    val[1e-3] = 0.95  # validation decides
+    write(lambda lr: 0.0)
+    assert runner.chosen_lr(str(tmp_path), "m", "t", lrs, [0]) == 1e-3
+    # A sweep run missing (seed 1 swept too, but not run): no choice yet.
+    assert runner.chosen_lr(str(tmp_path), "m", "t", lrs, [0, 1]) is None
