@@ -284,7 +284,7 @@ def markdown(records, mfu) -> str:
                      f"{_gib(max(r['total_bytes'], r['eval_total_bytes'])):.1f} / "
                      f"{_gib(r['hbm_bytes']):.0f} GiB | {r['flops_per_step']:.3g} | "
                      f"{r['steps']:,} | {_pct(r.get('bound_mfu'))} | "
-                     f"{_hours(r.get('chip_hours_bound'))} | {r['chip_hours']:,.0f} |")
+                     f"{_hours(r.get('chip_hours_bound'))} | {_hours(r['chip_hours'])} |")
     return "\n".join(lines)
 
 
