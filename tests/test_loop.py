@@ -169,3 +169,26 @@ def test_relative_workdir_runs_pretrain_then_finetune(tmp_path, monkeypatch):
     for stage in ("pretrain", "finetune"):
         assert (tmp_path / "runs" / "rel" / stage / "checkpoints" / "4").is_dir()
     assert results["stages"]["finetune"].init["kind"] == "init_from"
+
+
+def test_stop_request_after_the_last_step_still_stops_the_caller(tmp_path, monkeypatch):
+    """SIGTERM / Ctrl-C arriving during the last step or the final evaluation: the stage
+    finishes and saves its results, and the caller (the next stage; a grid's next run) must
+    stop too instead of going on as if nothing was asked."""
+    import signal
+
+    c = _tiny_config(tmp_path / "lra")
+    s = c.stages.pretrain
+    s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 2, 100, 100, 100
+    train = loop._Run.train
+
+    def train_then_signal(self, state, stop):
+        state = train(self, state, stop)
+        stop._handle(signal.SIGTERM, None)  # as the handler does when the signal lands now
+        return state
+
+    monkeypatch.setattr(loop._Run, "train", train_then_signal)
+    with pytest.raises(loop.PreemptedError, match="finished, then stopped on request"):
+        stages.run(c, tmp_path / "wd")
+    assert results_lib.read_stage(tmp_path / "wd" / "pretrain").status == "finished"
+    assert not (tmp_path / "wd" / "finetune").exists()  # the next stage did not start

@@ -126,6 +126,12 @@ def _train_stage(config, stage_name, workdir):
             flops_per_step=setup.train_step_flops(built, strict=False))
         _write_json(stage_dir / RESULTS_FILE, results.to_json())
         failed = False
+        if stop.requested:
+            # Asked to stop during the last step or the final evaluation: the stage is finished
+            # and saved, but whoever runs the next stage or the next run of a grid stops too.
+            how = signal.Signals(stop.signum).name if stop.signum else "preemption"
+            raise PreemptedError(f"[{stage_name}] finished, then stopped on request ({how}); "
+                                 f"run the same command to go on.", signum=stop.signum)
         return results
     finally:
         if run is not None:
