@@ -7,7 +7,7 @@ r"""The SPT effect on real data, each model at the learning rate chosen on valid
     python -m sptlib.compare --config=experiments/real.py:fmnist_scale --workdir=runs/real_scale
 
 Grids (CPU-sized; the measured tables, their wall times and what they show are in
-docs/reproducing.md, "Real data"; only `fmnist` and `code` were run there):
+docs/reproducing.md, "Real data"; `fmnist_scale` was not run there):
 
   fmnist        sequential Fashion-MNIST 14 x 14 (L = 196) from the Debian package
                 `dataset-fashion-mnist` (54,000 training images, the last 6,000 of the training
@@ -21,8 +21,8 @@ docs/reproducing.md, "Real data"; only `fmnist` and `code` were run there):
   code          byte-level source-code classification (`sptlib.data.code_bytes`: which of 10
                 installed packages a 2,048-byte window of Python comes from, 2,880 / 750 / 720
                 windows), S4D and bow at L = 2048, masked SPT on 15% of the bytes,
-                `CODE_PRETRAIN` + `CODE_STEPS` steps of batch 8, at the recipe's lr (2e-3)
-                only: 12 runs. `--lrs=1e-3,3e-3,1e-2` adds the lr axis.
+                `CODE_PRETRAIN` + `CODE_STEPS` steps of batch 8, at the lrs `LRS` as `fmnist`
+                (8 min on 2 idle cores); `--lrs=2e-3` runs the recipe's lr only.
   fmnist784     `fmnist` at 28 x 28 (L = 784), S4D only.
   code_tf       `code` for the Transformer, reading the first `CODE_TF_LENGTH` bytes of the
                 same windows (`data.code_bytes.window = 2048`).
@@ -60,7 +60,7 @@ EVAL_STEPS = 4  # validation: 4 x 256 = 1,024 examples per evaluation (code: all
 TEST_EXAMPLES = 2500
 # Fashion-MNIST: finetuning / scratch steps and masked-denoising steps (batch 32).
 FMNIST_STEPS, FMNIST_PRETRAIN = 100, 200
-# Code bytes (batch 8), at the recipe lr only unless --lrs is given.
+# Code bytes (batch 8), at the lrs LRS like Fashion-MNIST.
 CODE_STEPS, CODE_PRETRAIN = 100, 200
 CODE_TF_LENGTH = 512
 
@@ -81,7 +81,7 @@ def _grid(name):
         tf = name == "code_tf"
         return dict(models=("transformer",) if tf else ("s4d", "bow"),
                     length=CODE_TF_LENGTH if tf else 2048, steps=CODE_STEPS,
-                    pretrain=CODE_PRETRAIN, batch=8, lrs=(),
+                    pretrain=CODE_PRETRAIN, batch=8,
                     title=f"Real data: source-code bytes (L={CODE_TF_LENGTH if tf else 2048})")
     raise ValueError(f"experiments/real.py: unknown grid {name!r}; expected one of {GRIDS}")
 
