@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sptlib.errors import ResultsError, WriteError
+from sptlib.errors import PreemptedError, ResultsError, WriteError
 from sptlib.train import digest as digest_lib
 from sptlib.train import results as results_lib
 
@@ -70,6 +70,11 @@ class StopFlag:
         for s, h in self._previous.items():
             signal.signal(s, h)
         self._previous = {}
+
+    def error(self, what, then):
+        """The PreemptedError of this request: "<what> on request (<signal>); <then>"."""
+        how = signal.Signals(self.signum).name if self.signum else "preemption"
+        return PreemptedError(f"{what} on request ({how}); {then}", signum=self.signum)
 
 
 @jax.jit

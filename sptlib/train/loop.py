@@ -28,7 +28,6 @@ checkpoint left to resume holds a diverged state, and a diverged run is never "f
 
 import dataclasses
 import math
-import signal
 import sys
 import time
 
@@ -126,12 +125,8 @@ def _train_stage(config, stage_name, workdir):
             flops_per_step=setup.train_step_flops(built, strict=False))
         _write_json(stage_dir / RESULTS_FILE, results.to_json())
         failed = False
-        if stop.requested:
-            # Asked to stop during the last step or the final evaluation: the stage is finished
-            # and saved, but whoever runs the next stage or the next run of a grid stops too.
-            how = signal.Signals(stop.signum).name if stop.signum else "preemption"
-            raise PreemptedError(f"[{stage_name}] finished, then stopped on request ({how}); "
-                                 f"run the same command to go on.", signum=stop.signum)
+        if stop.requested:  # during the last step / final evaluation: finished, saved, stop
+            raise stop.error(f"[{stage_name}] finished, then stopped", "run it again to go on.")
         return results
     finally:
         if run is not None:
@@ -328,10 +323,8 @@ class _Run:
                                extra={"history": self.history, "spent_s": self.wall_total()})
             if preempt and not final:
                 self.ckpt.wait_until_finished()
-                how = signal.Signals(stop.signum).name if stop.signum else "preemption"
-                raise PreemptedError(f"[{name}] stopped at step {step} on request ({how}); "
-                                     f"checkpoint saved in {self.ckpt.directory}. Run the same "
-                                     f"command to resume.", signum=stop.signum)
+                raise stop.error(f"[{name}] stopped at step {step}", f"checkpoint saved in "
+                                 f"{self.ckpt.directory}. Run the same command to resume.")
         self.stop_profiler()
         return state
 
