@@ -119,18 +119,21 @@ GENERATORS = {"associative_recall": (associative_recall, associative_recall_info
               "selective_copying": (selective_copying, selective_copying_info)}
 
 
+def _check(name):
+    if name not in GENERATORS:
+        raise ValueError(f"unknown probe {name!r}; known: {PROBES}")
+
+
 def generate(name, num, *, seed=0, held_out=False, **options):
     """`num` examples of probe `name` (PROBES) with its `options`; `held_out`: False (the
     training stream), True (HELD_OUT_TAG) or a stream tag (SPLIT_TAGS)."""
-    if name not in GENERATORS:
-        raise ValueError(f"unknown probe {name!r}; known: {PROBES}")
+    _check(name)
     return GENERATORS[name][0](num, seed=seed, held_out=held_out, **options)
 
 
 def info(name, **options):
     """The probe's sizes: {vocab_size, num_classes, max_length, scored}."""
-    if name not in GENERATORS:
-        raise ValueError(f"unknown probe {name!r}; known: {PROBES}")
+    _check(name)
     return GENERATORS[name][1](**options)
 
 
@@ -141,6 +144,5 @@ OPTION_FIELDS = {"associative_recall": ("num_pairs", "key_vocab", "value_vocab",
 
 def options_from(name, probes_cfg, length):
     """Keyword options of probe `name` from `config.data.probes` and the sequence length."""
-    if name not in GENERATORS:
-        raise ValueError(f"unknown probe {name!r}; known: {PROBES}")
+    _check(name)
     return dict({k: int(probes_cfg[k]) for k in OPTION_FIELDS[name]}, length=int(length))
