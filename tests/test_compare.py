@@ -182,18 +182,20 @@ def test_rand_init_adds_unstructured_variants_of_diagonal_ssms(tmp_path):
 
 
 def test_shards_split_the_grid_and_the_report_merges_them(experiment, tmp_path):
-    """Two shards run disjoint halves that cover the grid; a later unsharded run trains nothing
-    and reports all 12 runs."""
+    """Two shards run disjoint halves that cover the grid, even in training steps to within one
+    run (scratch 10, SPT 20); a later unsharded run trains nothing and reports all 12 runs."""
     wd = str(tmp_path / "cmp")
     _, specs = compare.expand(experiment, {}, workdir=wd)
     trainers = [FakeTrainer(), FakeTrainer()]
     for i, t in enumerate(trainers):
         records, paths = compare.run_comparison(specs, wd, run_fn=t, shard=(i, 2),
                                                 log=lambda s: None)
-        assert len(records) == 6 and set(paths) == {"json"}
+        assert len(records) == len(t.calls) and set(paths) == {"json"}
         assert os.path.basename(paths["json"]) == f"comparison.shard{i}of2.json"
     dirs = [{c[3] for c in t.calls} for t in trainers]
-    assert len(dirs[0]) == len(dirs[1]) == 6 and not dirs[0] & dirs[1]
+    steps = [sum(10 if c[1] == "scratch" else 20 for c in t.calls) for t in trainers]
+    assert sum(steps) == 180 and abs(steps[0] - steps[1]) <= 20  # within one run's steps
+    assert not dirs[0] & dirs[1]
     assert dirs[0] | dirs[1] == {s.workdir for s in specs}
     assert not os.path.exists(os.path.join(wd, "comparison.md"))
     final = FakeTrainer()
@@ -444,3 +446,30 @@ def test_lr_is_chosen_per_data_fraction(lr_experiment, tmp_path):
     assert chosen == {1.0: 3e-3, 0.1: 1e-3}
     md = report.markdown(report.lr_selected(small)[0])
     assert "## Training data fraction 0.1" in md
+
+
+def test_shards_share_pretraining_and_choose_lrs_over_the_whole_grid(lr_experiment, tmp_path):
+    """--jobs with an lr sweep: an SPT cell's lrs land in one shard (its pretraining trained
+    once), a shard's deferred seeds use every shard's sweep runs (never a choice among its own
+    lrs only), and a second round splits the seeds that waited for another shard's sweep."""
+    wd = str(tmp_path / "cmp")
+    _, specs = compare.expand(lr_experiment, {}, workdir=wd, lr_seeds=[0])
+    first = [LrTrainer(), LrTrainer()]
+    for i in (1, 0):  # shard 1 ends before shard 0 starts: its later seeds wait for 0's sweep
+        compare.run_comparison(specs, wd, run_fn=first[i], shard=(i, 2), log=lambda s: None)
+    waiting = compare.sweeps.waiting(specs, compare._val_accuracy, compare.is_finished)
+    assert len(waiting) >= 2 and all(s.lr == 3e-3 for s in waiting)
+    second = [LrTrainer(), LrTrainer()]
+    for i, t in enumerate(second):  # --jobs's second round: both start from the same state
+        compare.run_comparison(specs, wd, run_fn=t, shard=(i, 2), deferred_only=True,
+                               log=lambda s: None)
+    assert all(t.trained for t in second)  # the waiting seeds are spread over both shards
+    trained = [x for t in first + second for x in t.trained]
+    # One pretraining per (model, seed) in the whole grid; every later seed at the chosen lr.
+    assert sorted(x[::2] for x in trained if x[1] == "pretrain") == sorted(
+        (m, s) for m in ("m1", "m2") for s in range(3))
+    assert {x[3] for x in trained if x[2] > 0} == {3e-3}
+    assert len(trained) == len(set(trained)) == 12 + 2 + 8 + 4  # each stage trained once
+    final = LrTrainer()
+    records, _ = compare.run_comparison(specs, wd, run_fn=final, log=lambda s: None)
+    assert final.trained == [] and all(r["status"] == "finished" for r in records)

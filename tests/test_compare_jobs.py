@@ -71,3 +71,24 @@ def test_two_jobs_run_disjoint_halves_then_one_table(tmp_path):
     assert "(2)" in table
     # One generation only: no folder moved aside by a second generator.
     assert not [n for n in os.listdir(tmp_path / "lra") if ".replaced-" in n]
+
+
+def test_shard_specs_keep_a_group_in_one_shard():
+    specs = ["a1", "b1", "a2", "c", "b2", "d"]
+    group = {"a1": "a", "a2": "a", "b1": "b", "b2": "b"}.get  # c, d: one spec each
+    shards = [compare_jobs.shard_specs(specs, (i, 2), group=group) for i in range(2)]
+    assert shards == [["a1", "a2", "c"], ["b1", "b2", "d"]]
+    assert [compare_jobs.shard_specs(specs, (i, 3)) for i in range(3)] == [
+        ["a1", "c"], ["b1", "b2"], ["a2", "d"]]
+    assert compare_jobs.shard_specs(specs, None, group=group) == specs
+
+
+def test_run_rounds_starts_a_second_round_only_for_runs_that_waited(monkeypatch):
+    rounds = []
+    monkeypatch.setattr(compare_jobs, "run_shards",
+                        lambda argv, jobs, **kw: rounds.append((list(argv), jobs)))
+    compare_jobs.run_rounds(["--config=x.py"], 2, waiting=lambda: ["a"], log=lambda s: None)
+    assert rounds == [(["--config=x.py"], 2)]  # one run left: the parent runs it
+    rounds.clear()
+    compare_jobs.run_rounds(["--config=x.py"], 2, waiting=lambda: ["a", "b"], log=lambda s: None)
+    assert rounds == [(["--config=x.py"], 2), (["--config=x.py", "--shard_deferred"], 2)]

@@ -37,8 +37,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from absl import app
-from absl import flags
-from absl import logging
+from absl import flags, logging
 from etils import epath
 import ml_collections
 from ml_collections import config_flags
@@ -88,6 +87,9 @@ _SHARD = flags.DEFINE_string(
     "shard", None, "i/n: run only every n-th run starting at i (0-based), so n processes (e.g. "
     "one per core, or one per machine sharing the workdir) split the grid. Each writes "
     "comparison.shard<i>of<n>.json; rerun without --shard (or with --report_only) for the table.")
+_SHARD_DEFERRED = flags.DEFINE_bool(
+    "shard_deferred", False, "With --shard: split only the seeds whose lr a finished sweep chose "
+    "(config.compare.lr_seeds; --jobs's second round).")
 
 REGIMES = presets.REGIMES
 
@@ -205,7 +207,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                    run_fn: Callable[[ml_collections.ConfigDict, str], dict] | None = None,
                    title: str = "Comparison", length_factors: Sequence[float] = (),
                    length_eval_fn: Callable | None = None, report_only: bool = False,
-                   shard: tuple[int, int] | None = None,
+                   shard: tuple[int, int] | None = None, deferred_only: bool = False,
                    log: Callable[[str], None] = print) -> tuple[list[dict], dict]:
     """Runs every spec not yet finished, then writes comparison.json / .md and plots.
 
@@ -218,8 +220,10 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
       length_eval_fn: `fn(config, run_workdir, factor) -> accuracy | None` (default
         `sptlib.protocol.lengthgen.evaluate` where available).
       report_only: run nothing; report what is finished.
-      shard: (i, n): run only `shard_specs(specs, (i, n))` and write their records to
-        `comparison.shard<i>of<n>.json` (no table: other shards may still be running).
+      shard: (i, n): run only shard i of n (`shard_specs`; an SPT cell's lrs in one shard) and
+        write their records to `comparison.shard<i>of<n>.json` (no table: other shards may
+        still be running). `deferred_only`: split only the deferred seeds whose lr sweep has
+        finished (`compare_jobs.run_rounds`).
       log: progress printer.
 
     Returns:
@@ -229,21 +233,26 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
         from sptlib.protocol import stages  # deferred: importing the trainer pulls in JAX
         run_fn = stages.run
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    specs = shard_specs(specs, shard)
+    # A shard runs its share of the grid (`--jobs`'s second round: of the deferred seeds whose
+    # sweep finished), but it chooses lrs and shares pretraining stages over the whole grid.
+    mine = specs if shard is None else shard_specs(
+        [s for s in specs if not deferred_only or sweeps.deferred(s) and not sweeps.deferred(
+            sweeps.resolve(s, specs, _val_accuracy))], shard, group=sweeps.pretrain_key,
+        cost=sweeps.steps)
     json_name = ("comparison.json" if shard is None
                  else f"comparison.shard{shard[0]}of{shard[1]}.json")
     records = []
-    todo = [s for s in specs if not is_finished(s.workdir, s.config.stage_order)]
-    log(f"[compare] {len(specs)} runs, {len(specs) - len(todo)} already finished, "
+    todo = [s for s in mine if not _finished(s)]
+    log(f"[compare] {len(mine)} runs, {len(mine) - len(todo)} already finished, "
         f"{0 if report_only else len(todo)} to run")
     done = 0
-    for spec in specs:
-        spec = sweeps.resolve(spec, specs, lambda s: _val_accuracy(s))
+    for spec in mine:
+        spec = sweeps.resolve(spec, specs, _val_accuracy)
         if sweeps.deferred(spec):
             rec = make_record(spec, None, status="missing", error="its lr sweep (seeds "
                               f"{','.join(map(str, spec.lr_seeds))}) is not finished or not in "
                               "--seeds")
-        elif is_finished(spec.workdir, spec.config.stage_order):
+        elif _finished(spec):
             rec = make_record(spec, load_results(spec.workdir), status="finished")
         elif report_only:
             rec = make_record(spec, load_results(spec.workdir), status="missing")
@@ -256,8 +265,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
             t0 = time.time()
             try:
                 run_fn(spec.config, spec.workdir)
-                status = ("finished" if is_finished(spec.workdir, spec.config.stage_order)
-                          else "unfinished")
+                status = "finished" if _finished(spec) else "unfinished"
                 rec = make_record(spec, load_results(spec.workdir), status=status,
                                   wall_time_s=time.time() - t0)
             except KeyboardInterrupt:
@@ -302,9 +310,13 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     return records, paths
 
 
+def _finished(spec) -> bool:
+    return is_finished(spec.workdir, spec.config.stage_order)
+
+
 def _val_accuracy(spec) -> float | None:
     """A finished run's validation accuracy (the lr sweep's only input), else None."""
-    if not is_finished(spec.workdir, spec.config.stage_order):
+    if not _finished(spec):
         return None
     return make_record(spec, load_results(spec.workdir), status="finished").get("val_accuracy")
 
@@ -403,11 +415,13 @@ def _main():
     jobs = 1 if shard is not None or _REPORT_ONLY.value else compare_jobs.resolve_jobs(
         base.compare.get("jobs", 1) if _JOBS.value is None else _JOBS.value, len(specs))
     if jobs > 1:
-        # Then the table below, from the finished runs.
-        compare_jobs.run_shards(sys.argv[1:], jobs, data_config=specs[0].config.data)
+        # Then the table below, from the finished runs (and any run left, here).
+        compare_jobs.run_rounds(sys.argv[1:], jobs, data_config=specs[0].config.data,
+                                waiting=lambda: sweeps.waiting(specs, _val_accuracy, is_finished))
     title = base.compare.get("title") or f"Comparison: {filename}"
     records, paths = run_comparison(specs, _WORKDIR.value, title=title, length_factors=factors,
-                                    report_only=_REPORT_ONLY.value, shard=shard)
+                                    report_only=_REPORT_ONLY.value, shard=shard,
+                                    deferred_only=_SHARD_DEFERRED.value)
     if shard is not None:
         print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard has "
               f"finished, run the same command without --shard for the table and plots.")

@@ -9,6 +9,12 @@ an earlier, interrupted command finished is not rerun (each shard skips finished
 
     python -m sptlib.compare --config=experiments/quickstart.py --workdir=W --jobs=2
 
+The split (`shard_specs`) keeps the SPT cells that share a pretraining stage across the lr axis
+in one shard, so that stage is trained once, and evens out the shards' training steps. With
+`config.compare.lr_seeds`, a shard that reaches a later seed whose lr sweep another shard is
+still training leaves it; a second round (`run_rounds`) then splits those seeds over the jobs.
+Every shard chooses lrs from the sweep runs of the whole grid.
+
 `jobs = 0` means one process per core of this machine, at most one per run, where JAX runs on
 the CPU; where it has an accelerator, 0 means one process (it drives every device).
 
@@ -44,12 +50,30 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-def shard_specs(specs: Sequence, shard: tuple[int, int] | None) -> list:
-    """Every n-th spec from i (round-robin keeps each shard's mix of models and seeds)."""
+def shard_specs(specs: Sequence, shard: tuple[int, int] | None, *,
+                group: Callable | None = None, cost: Callable | None = None) -> list:
+    """Shard i of n of `specs`, in their order.
+
+    Units (one spec, or with `group` all the specs of one non-None `group(spec)`: the SPT cells
+    of the lrs that share a pretraining stage, `sweeps.pretrain_key`, so that one shard trains it
+    once and links it for the others) go round-robin, or with `cost(members) -> float` each to
+    the shard with the least cost so far (ties: the lowest index), which keeps shards even when
+    the units' sizes alternate.
+    """
     if shard is None:
         return list(specs)
     i, n = shard
-    return [s for k, s in enumerate(specs) if k % n == i]
+    units: dict = {}
+    for k, s in enumerate(specs):
+        key = group(s) if group is not None else None
+        units.setdefault(("spec", k) if key is None else ("group", key), []).append(s)
+    load, mine = [0.0] * n, []
+    for u, members in enumerate(units.values()):
+        j = u % n if cost is None else min(range(n), key=lambda j: (load[j], j))
+        load[j] += cost(members) if cost is not None else 1.0
+        if j == i:
+            mine.extend(members)
+    return mine
 
 
 def usable_cores() -> list[int]:
@@ -167,3 +191,21 @@ def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
     if bad:
         raise errors.SptlibError(f"shard(s) {bad} of --jobs={jobs} exited with "
                                  f"{[codes[i] for i in bad]}; their output is above")
+
+
+def run_rounds(argv: Sequence[str], jobs: int, *, waiting: Callable[[], Sequence],
+               data_config=None, log: Callable[[str], None] = print) -> None:
+    """`run_shards`, then a second round for the runs that had to wait for another shard.
+
+    A deferred seed (`config.compare.lr_seeds`) runs at the lr its cell's sweep chose, over the
+    whole grid; a shard that reaches it while another shard still trains that sweep leaves it.
+    When `waiting()` (those seeds, now runnable) lists more than one, every shard starts again
+    with `--shard_deferred`, splitting the deferred seeds whose sweep has finished (a set no run
+    of the round changes, so the shards agree), instead of leaving them to one process.
+    """
+    run_shards(argv, jobs, data_config=data_config, log=log)
+    left = len(waiting())
+    if left > 1:
+        log(f"[compare] {left} runs waited for another shard's lr sweep: a second round")
+        run_shards(list(argv) + ["--shard_deferred"], jobs, log=log)
+

@@ -110,7 +110,31 @@ def resolve(spec, specs: Sequence, val_accuracy):
     return dataclasses.replace(spec, config=cfg, lr=lr, workdir=lr_dir(base, lr))
 
 
-def _pretrain_key(spec):
+def waiting(specs: Sequence, val_accuracy, is_finished) -> list:
+    """The deferred specs of `specs` whose lr sweep has finished and that have not run yet
+    (resolved; `is_finished(workdir, stage_order)` as in `share_pretrain`)."""
+    out = []
+    for spec in specs:
+        if deferred(spec):
+            r = resolve(spec, specs, val_accuracy)
+            if not deferred(r) and not is_finished(r.workdir, r.config.stage_order):
+                out.append(r)
+    return out
+
+
+def steps(specs: Sequence) -> int:
+    """Training steps of `specs`, a pretraining stage they share (`pretrain_key`) counted once."""
+    seen, total = set(), 0
+    for spec in specs:
+        for name in spec.config.stage_order:
+            key = pretrain_key(spec) if name == "pretrain" else None
+            if key is None or key not in seen:
+                total += int(spec.config.stages[name].get("num_steps", 1))
+            seen.add(key)
+    return total
+
+
+def pretrain_key(spec):
     """Specs with equal keys run the same pretraining stage (the lr axis does not touch it)."""
     if "pretrain" not in spec.config.stage_order or spec.lr is None:
         return None
@@ -124,12 +148,12 @@ def share_pretrain(spec, specs: Sequence, is_finished) -> str | None:
     Returns the linked directory, or None (nothing to share yet: the stage will be trained).
     `is_finished(workdir, stage_order)` is `sptlib.protocol.records.is_finished`.
     """
-    key = _pretrain_key(spec)
+    key = pretrain_key(spec)
     target = os.path.join(spec.workdir, "pretrain")
     if key is None or os.path.lexists(target):
         return None
     for other in specs:
-        if other is spec or _pretrain_key(other) != key:
+        if other is spec or pretrain_key(other) != key:
             continue
         source = os.path.join(other.workdir, "pretrain")
         if os.path.islink(source) or not is_finished(other.workdir, ("pretrain",)):
