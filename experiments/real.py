@@ -28,6 +28,8 @@ docs/reproducing.md, "Real data"; `fmnist_scale` was not run there):
                 same windows (`data.code_bytes.window = 2048`).
   fmnist_scale  `fmnist` (Transformer, S4D) on nested subsets of 1,000 / 5,000 / 54,000
                 training images (`FRACTIONS`), the lr chosen per subset.
+  fmnist_long   `fmnist_scale`'s 1,000 images with 5x the steps (scratch 500, SPT 1,000 + 500,
+                equal compute 1,500: 16 to 48 passes over the images), lrs 3e-3 / 1e-2.
 
 Every model: 2 layers, d = 64 (Transformer: 4 heads, FFN x 2, sinusoidal positions), PyTorch's
 initialisation of the dense projections, AdamW with warmup and cosine decay, weight decay 0.01;
@@ -45,7 +47,7 @@ jobs allowed (measured below and in docs/reproducing.md).
 from sptlib.configs import common, cpu_sized
 
 POSITIONAL = ("grid", "model", "regime")
-GRIDS = ("fmnist", "fmnist784", "fmnist_scale", "code", "code_tf")
+GRIDS = ("fmnist", "fmnist784", "fmnist_scale", "fmnist_long", "code", "code_tf")
 # fmnist_scale: nested training subsets of 1,000 / 5,000 / all 54,000 images (the paper's
 # data-scaling experiment, config.compare.data_fractions).
 FRACTIONS = (1000 / 54000, 5000 / 54000, 1.0)
@@ -74,6 +76,11 @@ def _grid(name):
         return dict(models=("transformer", "s4d"), length=196, steps=FMNIST_STEPS,
                     pretrain=FMNIST_PRETRAIN, batch=32, fractions=FRACTIONS,
                     title="Real data: sequential Fashion-MNIST (L=196), 1k / 5k / 54k images")
+    if name == "fmnist_long":
+        return dict(models=("transformer", "s4d"), length=196, steps=5 * FMNIST_STEPS,
+                    pretrain=5 * FMNIST_PRETRAIN, batch=32, fractions=FRACTIONS[:1],
+                    lrs=LRS[1:], title="Real data: sequential Fashion-MNIST (L=196), 1k images, "
+                    "5x the steps")
     if name == "fmnist784":
         return dict(models=("s4d",), length=784, steps=FMNIST_STEPS, pretrain=FMNIST_PRETRAIN,
                     batch=32, title="Real data: sequential Fashion-MNIST 28x28 (L=784)")

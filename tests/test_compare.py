@@ -370,6 +370,7 @@ def test_lr_is_chosen_on_validation_and_test_never_enters(lr_experiment, tmp_pat
     # Test accuracy at the validation-chosen lr 3e-3: 66, 67, 68 -> 67.0 (not 1e-2's 91.0).
     assert "| m1 | 67.0 ± 2.5 (3) | 67.0 ± 2.5 (3) |" in md
     assert "## Learning rate chosen on validation" in md
+    assert "scaling" not in paths  # one data fraction: no scaling plot
     assert "| m1 | spt-masked | 61.0 (3) | **71.0 (3)** | 66.0 (3) | 0.003 |" in md
     _, rows = report.lr_selected(records)
     assert {row["lr"] for row in rows} == {3e-3}
@@ -438,7 +439,9 @@ def test_lr_is_chosen_per_data_fraction(lr_experiment, tmp_path):
                               regimes=["scratch"], data_fractions=[1.0, 0.1])
     assert len(specs) == 2 * 2 * 3
     assert specs[3].workdir == os.path.join(wd, "m1", "scratch-frac0.1-lr0.001", "seed0")
-    records, _ = compare.run_comparison(specs, wd, run_fn=LrTrainer(), log=lambda s: None)
+    records, paths = compare.run_comparison(specs, wd, run_fn=LrTrainer(), log=lambda s: None)
+    assert paths["scaling"] == os.path.join(wd, "scaling.png")  # accuracy against the fraction
+    assert open(paths["scaling"], "rb").read(4) == b"\x89PNG"
     # At fraction 0.1 validation favours 1e-3 (the fake's validation made so); 3e-3 at 1.0.
     small = [dict(r, val_accuracy=1.0 - r["lr"]) if r["data_fraction"] == 0.1 else r
              for r in records]

@@ -269,6 +269,40 @@ def plot_curves(records, path: str, data_fraction: float = 1.0) -> str | None:
     return path
 
 
+def plot_scaling(records, path: str, confidence: float = 0.95) -> str | None:
+    """Mean test accuracy against the training data fraction (log axis), one line per model ×
+    regime with confidence-interval error bars; None with fewer than two fractions."""
+    test = group(records, "test_accuracy")
+    fractions = sorted({k[0] for k in test})
+    if len(fractions) < 2:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    models = _ordered(k[1] for k in test)
+    regimes = _ordered((k[2] for k in test), REGIMES)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-o", "--s", ":^", "-.v"]
+    for (mi, m), (gi, g) in itertools.product(enumerate(models), enumerate(regimes)):
+        ivs = [(f, stats.mean_ci(test.get((f, m, g), []), confidence)) for f in fractions]
+        ivs = [(f, iv) for f, iv in ivs if iv.n]
+        if not ivs:
+            continue
+        ax.errorbar([f for f, _ in ivs], [100 * iv.mean for _, iv in ivs],
+                    yerr=[100 * iv.half_width if iv.n > 1 else 0.0 for _, iv in ivs],
+                    fmt=styles[gi % len(styles)], color=colors[mi % len(colors)], capsize=3,
+                    label=f"{m} / {g}")
+    ax.set_xscale("log")
+    ax.set_xticks(fractions, [f"{f:.3g}" for f in fractions])
+    ax.set_xlabel("training data fraction")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"Test accuracy against training data, mean ± {confidence:.0%} CI")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    _save(fig, path)
+    return path
+
+
 def _save(fig, path):
     """PNG of `fig` at `path` through epath (local or gs://)."""
     import io
@@ -290,7 +324,8 @@ def lr_selected(records) -> tuple[list[dict], list[dict]]:
 
 def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     """Writes `comparison.md`, `accuracy.png` and `curves.png` (+ one pair per extra data
-    fraction), and `denoising.png` where runs pretrained, under `workdir`; returns {name: path}."""
+    fraction, and `scaling.png` across them), and `denoising.png` where runs pretrained, under
+    `workdir`; returns {name: path}."""
     out = {"markdown": os.path.join(workdir, "comparison.md")}
     records, lr_rows = lr_selected(records)
     text = markdown(records, title)
@@ -301,6 +336,9 @@ def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     epath.Path(out["markdown"]).write_text("\n".join([text, *extra]))
     out.update(lmreport.write_plots(records, workdir, _save))
     out.update(learning_curves.write_plots(records, workdir, _save))
+    scaling = plot_scaling(records, os.path.join(workdir, "scaling.png"))
+    if scaling:
+        out["scaling"] = scaling
     fractions = sorted({r.get("data_fraction", 1.0) for r in records}, reverse=True)
     for frac in fractions:
         suffix = "" if frac == 1.0 else f"_frac{frac:g}"
