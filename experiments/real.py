@@ -4,10 +4,11 @@ r"""The SPT effect on real data, each model at the learning rate chosen on valid
     python -m sptlib.compare --config=experiments/real.py:code --workdir=runs/real_code --jobs=1
     python -m sptlib.compare --config=experiments/real.py:fmnist784 --workdir=runs/real_fmnist784
     python -m sptlib.compare --config=experiments/real.py:code_tf --workdir=runs/real_code_tf
-    python -m sptlib.compare --config=experiments/real.py:fmnist_scale --workdir=runs/real_scale
+    python -m sptlib.compare --config=experiments/real.py:fmnist_scale --workdir=runs/real_scale --jobs=2
+    python -m sptlib.compare --config=experiments/real.py:fmnist_long --workdir=runs/real_long --jobs=2
 
 Grids (CPU-sized; the measured tables, their wall times and what they show are in
-docs/reproducing.md, "Real data"; `fmnist_scale` was not run there):
+docs/reproducing.md, "Real data"):
 
   fmnist        sequential Fashion-MNIST 14 x 14 (L = 196) from the Debian package
                 `dataset-fashion-mnist` (54,000 training images, the last 6,000 of the training
@@ -17,17 +18,21 @@ docs/reproducing.md, "Real data"; `fmnist_scale` was not run there):
                 masked SPT (50% of the pixels, L1 on the normalised intensity,
                 `FMNIST_PRETRAIN` steps, then `FMNIST_STEPS` with a fresh head) x 3 seeds, at
                 the lrs `LRS`: seed 0 runs every lr, seeds 1 and 2 the lr seed 0's validation
-                chose for the cell (`config.compare.lr_seeds`, `sptlib.protocol.sweeps`): 35 runs.
+                chose for the cell (`config.compare.lr_seeds`, `sptlib.protocol.sweeps`): 35 runs,
+                74 min on the 2-core machine under other sessions' load (2026-12-04); its
+                Transformer and S4D cells are a third of `fmnist_scale` (~7 min on idle cores).
   code          byte-level source-code classification (`sptlib.data.code_bytes`: which of 10
                 installed packages a 2,048-byte window of Python comes from, 2,880 / 750 / 720
                 windows), S4D and bow at L = 2048, masked SPT on 15% of the bytes,
                 `CODE_PRETRAIN` + `CODE_STEPS` steps of batch 8, at the lrs `LRS` as `fmnist`
                 (8 min on 2 idle cores); `--lrs=2e-3` runs the recipe's lr only.
-  fmnist784     `fmnist` at 28 x 28 (L = 784), S4D only.
+  fmnist784     `fmnist` at 28 x 28 (L = 784), S4D only (15 runs; 64 min as a nice-19 process
+                beside other jobs, an upper bound).
   code_tf       `code` for the Transformer, reading the first `CODE_TF_LENGTH` bytes of the
                 same windows (`data.code_bytes.window = 2048`).
   fmnist_scale  `fmnist` (Transformer, S4D) on nested subsets of 1,000 / 5,000 / 54,000
-                training images (`FRACTIONS`), the lr chosen per subset.
+                training images (`FRACTIONS`), the lr chosen per subset (90 runs; 21 min on 2
+                idle cores with --jobs=2).
   fmnist_long   `fmnist_scale`'s 1,000 images with 5x the steps (scratch 500, SPT 1,000 + 500,
                 equal compute 1,500: 16 to 48 passes over the images), lrs 3e-3 / 1e-2.
 
