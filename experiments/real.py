@@ -3,7 +3,7 @@ r"""The SPT effect on real data, each model at the learning rate chosen on valid
     python -m sptlib.compare --config=experiments/real.py:fmnist --workdir=runs/real_fmnist --jobs=1
     python -m sptlib.compare --config=experiments/real.py:code --workdir=runs/real_code --jobs=1
     python -m sptlib.compare --config=experiments/real.py:fmnist784 --workdir=runs/real_fmnist784
-    python -m sptlib.compare --config=experiments/real.py:code_tf --workdir=runs/real_code_tf
+    python -m sptlib.compare --config=experiments/real.py:code_tf --workdir=runs/real_code_tf2048 --jobs=2
     python -m sptlib.compare --config=experiments/real.py:fmnist_scale --workdir=runs/real_scale --jobs=2
     python -m sptlib.compare --config=experiments/real.py:fmnist_long --workdir=runs/real_long --jobs=2
 
@@ -28,8 +28,9 @@ docs/reproducing.md, "Real data"):
                 (8 min on 2 idle cores); `--lrs=2e-3` runs the recipe's lr only.
   fmnist784     `fmnist` at 28 x 28 (L = 784), S4D only (15 runs; 64 min as a nice-19 process
                 beside other jobs, an upper bound).
-  code_tf       `code` for the Transformer, reading the first `CODE_TF_LENGTH` bytes of the
-                same windows (`data.code_bytes.window = 2048`).
+  code_tf       `code` for the Transformer at L = `CODE_TF_LENGTH` = 2048, the whole window
+                (15 runs, 40 min on 2 idle cores with --jobs=2); `code_tf,length=512` reads the
+                first 512 bytes of the same windows (6 min).
   fmnist_scale  `fmnist` (Transformer, S4D) on nested subsets of 1,000 / 5,000 / 54,000
                 training images (`FRACTIONS`), the lr chosen per subset (90 runs; 21 min on 2
                 idle cores with --jobs=2).
@@ -46,7 +47,7 @@ best checkpoint and, as the mean over the sweep seeds, the lr; the test accuracy
 best checkpoint's. Sizes were cut to what a 2-core machine shared with five other engineers'
 jobs allowed (measured below and in docs/reproducing.md).
 
-    get_config("[grid][,model,regime][,steps=..][,pretrain_steps=..][,lrs=a/b/c]")
+    get_config("[grid][,model,regime][,steps=..][,pretrain_steps=..][,lrs=a/b/c][,length=..]")
 """
 
 from sptlib.configs import common, cpu_sized
@@ -69,10 +70,10 @@ TEST_EXAMPLES = 2500
 FMNIST_STEPS, FMNIST_PRETRAIN = 100, 200
 # Code bytes (batch 8), at the lrs LRS like Fashion-MNIST.
 CODE_STEPS, CODE_PRETRAIN = 100, 200
-CODE_TF_LENGTH = 512
+CODE_TF_LENGTH = 2048  # the whole window (40 min on 2 idle cores); length=512 in 6 min
 
 
-def _grid(name):
+def _grid(name, length=None):
     if name == "fmnist":
         return dict(models=("transformer", "s4d", "bow"), length=196, steps=FMNIST_STEPS,
                     pretrain=FMNIST_PRETRAIN, batch=32,
@@ -91,17 +92,20 @@ def _grid(name):
                     batch=32, title="Real data: sequential Fashion-MNIST 28x28 (L=784)")
     if name in ("code", "code_tf"):
         tf = name == "code_tf"
-        return dict(models=("transformer",) if tf else ("s4d", "bow"),
-                    length=CODE_TF_LENGTH if tf else 2048, steps=CODE_STEPS,
-                    pretrain=CODE_PRETRAIN, batch=8,
-                    title=f"Real data: source-code bytes (L={CODE_TF_LENGTH if tf else 2048})")
+        length = int(length or (CODE_TF_LENGTH if tf else 2048))
+        return dict(models=("transformer",) if tf else ("s4d", "bow"), length=length,
+                    steps=CODE_STEPS, pretrain=CODE_PRETRAIN, batch=8,
+                    title=f"Real data: source-code bytes (L={length})")
     raise ValueError(f"experiments/real.py: unknown grid {name!r}; expected one of {GRIDS}")
 
 
 def get_config(arg=""):
     a = common.parse_arg(arg, POSITIONAL)
     name = a.get("grid", "fmnist")
-    g = _grid(name)
+    if "length" in a and not name.startswith("code"):
+        raise ValueError(f"experiments/real.py:{arg}: length= sets the code grids' L only "
+                         "(Fashion-MNIST: fmnist is L 196, fmnist784 L 784)")
+    g = _grid(name, a.get("length"))
     model, regime = a.get("model", g["models"][0]), a.get("regime", "spt-masked")
     steps = int(a.get("steps", g["steps"]))
     pretrain = int(a.get("pretrain_steps", g["pretrain"]))

@@ -242,7 +242,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     json_name = ("comparison.json" if shard is None
                  else f"comparison.shard{shard[0]}of{shard[1]}.json")
     records = []
-    todo = [s for s in mine if not _finished(s)]
+    todo = [s for s in mine if not _finished(sweeps.resolve(s, specs, _val_accuracy))]
     log(f"[compare] {len(mine)} runs, {len(mine) - len(todo)} already finished, "
         f"{0 if report_only else len(todo)} to run")
     done = 0
