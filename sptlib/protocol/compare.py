@@ -84,8 +84,9 @@ _JOBS = flags.DEFINE_integer("jobs", None, "Processes to run the grid in (each -
                              "config.compare.jobs, else 1. See sptlib.protocol.compare_jobs.")
 _VERBOSE = logs.define_verbose_flag()
 _SHARD = flags.DEFINE_string(
-    "shard", None, "i/n: run only every n-th run starting at i (0-based), so n processes (e.g. "
-    "one per core, or one per machine sharing the workdir) split the grid. Each writes "
+    "shard", None, "i/n: run only shard i of n (0-based; even in training steps, the lrs of an "
+    "SPT cell together), so n processes (e.g. one per core, or one per machine sharing the "
+    "workdir) split the grid. Each writes "
     "comparison.shard<i>of<n>.json; rerun without --shard (or with --report_only) for the table.")
 _SHARD_DEFERRED = flags.DEFINE_bool(
     "shard_deferred", False, "With --shard: split only the seeds whose lr a finished sweep chose "

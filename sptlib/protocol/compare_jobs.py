@@ -208,4 +208,3 @@ def run_rounds(argv: Sequence[str], jobs: int, *, waiting: Callable[[], Sequence
     if left > 1:
         log(f"[compare] {left} runs waited for another shard's lr sweep: a second round")
         run_shards(list(argv) + ["--shard_deferred"], jobs, log=log)
-
