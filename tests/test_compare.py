@@ -42,6 +42,19 @@ ACC = {("m1", "scratch"): [0.50, 0.52, 0.54], ("m1", "spt-masked"): [0.80, 0.82,
        ("m2", "scratch"): [0.70, 0.70, 0.76], ("m2", "spt-masked"): [0.81, 0.83, 0.85]}
 
 
+def write_stage(workdir, stage, *, steps, val, test, history, wall=1.5, test_last=None):
+    """A stage's results.json in the trainer's format (what the runner reads back)."""
+    d = os.path.join(workdir, stage)
+    os.makedirs(d, exist_ok=True)
+    res = {"stage": stage, "status": "finished", "final_step": steps, "best_step": 10,
+           "validation": {"best": {"accuracy": val}}, "test": {"best": {"accuracy": test}},
+           "wall_time_s": wall, "history": history}
+    if test_last is not None:
+        res["test"]["last"] = {"accuracy": test_last}
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump(res, f)
+
+
 class FakeTrainer:
     """Writes stage results.json files in the trainer's format; can stop after `limit` runs."""
 
@@ -57,17 +70,11 @@ class FakeTrainer:
         if (model, regime, config.seed) in self.fail:
             raise RuntimeError("boom")
         acc = ACC[(model, regime)][config.seed]
-        for i, stage in enumerate(config.stage_order):
-            d = os.path.join(workdir, stage)
-            os.makedirs(d, exist_ok=True)
-            res = {"stage": stage, "status": "finished",
-                   "final_step": config.stages[stage].num_steps, "best_step": 10,
-                   "validation": {"best": {"accuracy": acc - 0.01}},
-                   "test": {"best": {"accuracy": acc}, "last": {"accuracy": acc - 0.05}},
-                   "wall_time_s": 1.5, "history": [{"step": 5, "accuracy": acc - 0.1},
-                                                   {"step": 10, "accuracy": acc - 0.01}]}
-            with open(os.path.join(d, "results.json"), "w") as f:
-                json.dump(res, f)
+        for stage in config.stage_order:
+            write_stage(workdir, stage, steps=config.stages[stage].num_steps, val=acc - 0.01,
+                        test=acc, test_last=acc - 0.05,
+                        history=[{"step": 5, "accuracy": acc - 0.1},
+                                 {"step": 10, "accuracy": acc - 0.01}])
         return {}
 
 

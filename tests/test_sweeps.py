@@ -2,7 +2,6 @@
 the lr chosen on validation only, the later seeds at the sweep's choice, per data fraction, and
 the grid split over processes (shared pretraining, the choice over the whole grid)."""
 
-import json
 import os
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from sptlib.protocol import compare
 from sptlib.protocol import report
 
-from test_compare import _EXPERIMENT  # noqa: E402 (tests/ is on sys.path under pytest)
+from test_compare import _EXPERIMENT, write_stage  # noqa: E402 (tests/ is on sys.path under pytest)
 
 
 _LR_EXPERIMENT = _EXPERIMENT.replace(
@@ -41,14 +40,10 @@ class LrTrainer:
             if os.path.exists(os.path.join(d, "results.json")):
                 continue
             self.trained.append((config.model.name, stage, config.seed, lr))
-            os.makedirs(d, exist_ok=True)
             val = LR_VAL[lr] + 0.01 * config.seed
-            res = {"stage": stage, "status": "finished", "final_step": 10, "best_step": 10,
-                   "validation": {"best": {"accuracy": val}},
-                   "test": {"best": {"accuracy": self.test[lr] + 0.01 * config.seed}},
-                   "wall_time_s": 1.0, "history": [{"step": 10, "accuracy": val}]}
-            with open(os.path.join(d, "results.json"), "w") as f:
-                json.dump(res, f)
+            write_stage(workdir, stage, steps=10, val=val, wall=1.0,
+                        test=self.test[lr] + 0.01 * config.seed,
+                        history=[{"step": 10, "accuracy": val}])
         return {}
 
 
