@@ -37,12 +37,18 @@ def lr_stages(cfg) -> list[str]:
 
 
 def apply_lr(cfg, lr: float) -> None:
-    """Sets the lr of the classification stages to `lr` (SSM lr scaled alike), in place."""
+    """Sets the lr of the classification stages to `lr`, in place: every other learning rate of
+    those stages (`ssm_lr`, `ssm_dt_lr`) moves by the same factor, so the recipe's ratios hold.
+    A None stays None (it follows `lr` / `ssm_lr` in `sptlib.train.optim`)."""
     for name in lr_stages(cfg):
         o = cfg.stages[name].optim
-        ratio = float(o.ssm_lr) / float(o.lr) if float(o.lr) else 1.0
+        old = float(o.lr)
+        # From lr 0 there is no factor: the groups take `lr` itself (ratio 1).
+        scale = (lambda v: float(v) * float(lr) / old) if old else (lambda v: float(lr))
         o.lr = float(lr)
-        o.ssm_lr = float(lr) * ratio
+        for key in ("ssm_lr", "ssm_dt_lr"):
+            if o.get(key) is not None:
+                o[key] = scale(o[key])
 
 
 def lr_dir(cell_dir: str, lr) -> str:
