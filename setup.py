@@ -48,7 +48,8 @@ setup(
     # them in the installed package (sptlib.configs.common.resolve_config_path).
     packages=find_packages(include=["sptlib", "sptlib.*"]),
     # The CPU kernels' C++ sources, compiled on first use (sptlib.kernels.platform.cpu).
-    package_data={"sptlib.kernels.platform.cpu": ["*.cc", "*.h"]},
+    # The Slurm batch-script template (sptlib.launch.slurm).
+    package_data={"sptlib.kernels.platform.cpu": ["*.cc", "*.h"], "sptlib.launch": ["*.sbatch"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         # libtpu as jax[tpu] pins it for the installed jax: `python -m sptlib.aot` compiles for

@@ -67,7 +67,7 @@ def test_wheel_holds_the_kernels_sources_and_the_experiments(wheel):
     for f in ("sptlib/kernels/platform/cpu/__init__.py", "sptlib/kernels/platform/cpu/build.py",
               "sptlib/kernels/platform/cpu/common.h", "sptlib/kernels/platform/cpu/fft_conv.cc",
               "sptlib/experiments/__init__.py", "sptlib/experiments/quickstart.py",
-              "sptlib/experiments/lra.py"):
+              "sptlib/experiments/lra.py", "sptlib/launch/slurm.sbatch"):
         assert f in names, f
     cc = {os.path.basename(f)
           for f in glob.glob(os.path.join(ROOT, "sptlib/kernels/platform/cpu/*.cc"))}
@@ -124,6 +124,16 @@ def test_installed_wheel_runs_the_commands_from_an_empty_folder(venv, tmp_path):
     out = _run([venv, "-m", "sptlib.aot", "--config=experiments/smoke.py", "--topology=v4-8",
                 "--stage=pretrain"], cwd=str(work))
     assert "smoke.py" in out.stdout and "pretrain" in out.stdout and "v4-8" in out.stdout
+
+    # The launchers render their scripts from the package alone (--dry-run runs nothing).
+    out = _run([venv, "-m", "sptlib.launch.slurm", "--nodes=1", "--gpus-per-node=2",
+                "--config=experiments/lra.py:listops,s4,spt-masked", "--workdir=/shared/x",
+                "--dry-run"], cwd=str(work))
+    assert f"cd {work}" in out.stdout and "-m sptlib.main" in out.stdout
+    out = _run([venv, "-m", "sptlib.launch.tpu", "setup", "--name=spt", "--zone=z",
+                "--source=wheel", "--wheel=sptlib-0.1.0-py3-none-any.whl", "--dry-run"],
+               cwd=str(work))
+    assert "tpu-vm scp" in out.stdout
 
     # No TensorFlow came with the wheel, and a TFDS-only path says which extra to install.
     _run([venv, "-c", "import importlib.util as u; assert u.find_spec('tensorflow') is None"],
