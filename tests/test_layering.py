@@ -83,15 +83,14 @@ def sptlib_imports(path):
 
 
 def library_files():
-    return sorted(p for d in ("sptlib", "launch")
-                  for p in (ROOT / d).rglob("*.py"))
+    return sorted((ROOT / "sptlib").rglob("*.py"))
 
 
 def test_every_sptlib_import_goes_down_the_stack():
     bad = []
     for path in library_files():
         name = module_name(path)
-        src = layer_of(name) if name.startswith("sptlib") else "tools"  # launch/
+        src = layer_of(name)
         for target, line, _ in sptlib_imports(path):
             dst = layer_of(target)
             if src != "tools" and dst not in ALLOWED[src]:

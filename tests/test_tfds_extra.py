@@ -12,7 +12,7 @@ from sptlib import errors
 from sptlib.data import sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXTRA = "pip install 'sptlib[tfds]'"
+EXTRA = "install sptlib's tfds extra: pip install -e '.[tfds]'"
 
 
 @pytest.fixture
@@ -25,9 +25,9 @@ def no_tfds(monkeypatch):
 
 @pytest.mark.parametrize("module", ["sptlib.data.lra_tfds", "sptlib.data.speech_commands_tfds"])
 def test_tfds_builders_name_the_extra(no_tfds, module):
-    with pytest.raises(errors.ConfigError, match=r"source='tfds'.*" + EXTRA.replace("[", r"\[")
-                       .replace("]", r"\]")):
+    with pytest.raises(errors.ConfigError, match="source='tfds'") as e:
         importlib.import_module(module)
+    assert EXTRA in str(e.value)
 
 
 def test_tfds_sources_name_the_task_and_the_extra(no_tfds):

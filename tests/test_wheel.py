@@ -143,4 +143,4 @@ def test_installed_wheel_runs_the_commands_from_an_empty_folder(venv, tmp_path):
                          text=True, timeout=600)
     lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("sptlib.main: error")]
     assert bad.returncode == 2 and len(lines) == 1, bad.stderr[-2000:]
-    assert "pip install 'sptlib[tfds]'" in lines[0]
+    assert "tfds extra" in lines[0] and "whl[tfds]" in lines[0]

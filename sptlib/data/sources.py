@@ -208,7 +208,8 @@ class MappedSource:
         return self._filler()
 
 
-TFDS_EXTRA = "pip install 'sptlib[tfds]'"
+TFDS_EXTRA = ("install sptlib's tfds extra: pip install -e '.[tfds]' in a clone, "
+              "pip install 'sptlib-<version>-py3-none-any.whl[tfds]' from a wheel")
 
 
 def import_tfds(what: str):
@@ -218,7 +219,7 @@ def import_tfds(what: str):
         import tensorflow_datasets as tfds  # deferred: TFDS (and TensorFlow) only for `what`
     except ImportError as e:
         raise errors.ConfigError(
-            f"{what} needs TensorFlow Datasets, which the core install leaves out: "
+            f"{what} needs TensorFlow Datasets, which the core install leaves out; "
             f"{TFDS_EXTRA} ({type(e).__name__}: {e})") from None
     return tfds
 

@@ -18,7 +18,7 @@ beats the compiler's best case).
 
 Exit status: 0 when every stage fits, 1 otherwise (one line per failing stage on stderr, naming
 the config, the stage, bytes per chip, the HBM and what to change), 2 without libtpu (install
-it with `pip install 'sptlib[tpu]'`).
+sptlib's `tpu` extra).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ from sptlib.configs import common
 from sptlib.train import flops, setup
 
 INSTALL_HINT = ("sptlib.slices.aot needs libtpu to compile for TPUs (this machine needs no TPU): "
-                "pip install 'sptlib[tpu]'  (or: pip install 'libtpu==0.0.42.*')")
+                "install sptlib's tpu extra (pip install -e '.[tpu]' in a clone, "
+                "'sptlib-<version>-py3-none-any.whl[tpu]' from a wheel) or "
+                "pip install 'libtpu==0.0.42.*'")
 # The paper grid of `--all`: experiment file, its argument prefix, tasks (None: no task slot).
 PAPER_GRID = (("lra.py", ("listops", "text", "retrieval", "image", "pathfinder", "pathx",
                           "pathx256")),
