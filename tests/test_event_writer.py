@@ -57,12 +57,16 @@ def test_gs_logdir_rewrites_the_whole_object(tmp_path):
 
 
 def test_training_imports_no_tensorflow():
-    """The training loop, the comparison and the writer import without TensorFlow."""
+    """Training, the comparison, aot, bench, the launchers and the data catalog import
+    without TensorFlow, TFDS or TensorBoard (the core install has none of them)."""
     code = ("import sys\n"
             "from sptlib.train import loop, metrics\n"
             "from sptlib.protocol import compare, stages\n"
-            "metrics.EventWriter\n"
+            "from sptlib.slices import aot\n"
+            "from sptlib.bench import accel, mixers, peers, pipeline, train_step\n"
+            "from sptlib.launch import slurm, tpu\n"
+            "from sptlib import data\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('tensorflow', 'tensorflow_datasets', 'clu'))\n"
+            "('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard'))\n"
             "assert not bad, bad[:5]\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
