@@ -95,7 +95,7 @@ def paper_configs():
     """[(name, config)] of the paper grid (see PAPER_GRID)."""
     out = []
     for file, tasks in PAPER_GRID:
-        module = common.load_module(f"experiments/{file}")
+        module = common.load_module(os.path.join(common.EXPERIMENTS_DIR, file))  # packaged
         for task in tasks:
             for model in PAPER_MODELS:
                 arg = ",".join(x for x in (task, model, PAPER_REGIME) if x)
