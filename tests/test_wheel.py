@@ -107,7 +107,9 @@ def test_installed_wheel_runs_the_commands_from_an_empty_folder(venv, tmp_path):
           "--config.stages.pretrain.num_steps=2", "--config.stages.finetune.num_steps=2"],
          cwd=str(work))
     results = json.loads((work / "smoke" / "results.json").read_text())
-    assert {k: v["final_step"] for k, v in results.items()} == {"pretrain": 2, "finetune": 2}
+    assert results["complete"] and results["stage_order"] == ["pretrain", "finetune"]
+    assert {k: v["final_step"] for k, v in results["stages"].items()} == \
+        {"pretrain": 2, "finetune": 2}
     assert glob.glob(str(work / "smoke" / "finetune" / "events.out.tfevents.*"))
 
     # A 2-run comparison (two seeds of one cell) and its table.
