@@ -193,3 +193,14 @@ def test_experiment_paths_resolve_to_the_package_from_any_folder(tmp_path, monke
     other = tmp_path / "mine.py"
     other.write_text("def get_config():\n    return 7\n")
     assert common.load_module(str(other)).get_config() == 7
+
+
+def test_bench_and_aot_find_the_packaged_configs_from_any_folder(tmp_path, monkeypatch):
+    """`sptlib.bench`'s `lra.py:...` specs and `sptlib.aot --all` need no repository root."""
+    from sptlib.bench import train_step
+    from sptlib.slices import aot
+    monkeypatch.chdir(tmp_path)
+    cfg = train_step.load_config("lra.py:listops,s4d,spt-masked")
+    assert cfg.data.task == "listops" and cfg.model.mixer == "s4d"
+    assert train_step.load_config("smoke.py").stages.pretrain.num_steps == 30
+    assert len(aot.paper_configs()) >= 14
