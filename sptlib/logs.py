@@ -32,9 +32,9 @@ def quiet_library_logs():
     - jax's "Unable to initialize backend 'tpu'" (INFO, on every CPU-only start);
     - libtpu's start-up lines on a machine without TPUs (`cpu_only_without_tpu`);
     - TensorFlow's C++ start-up lines (oneDNN notice and absl's "All log messages before
-      absl::InitializeLog()"): TF is imported later (clu writers, TFDS), so setting its
-      environment here is early enough; grain's spawned workers inherit it. TF only writes event
-      files and reads datasets for us, so its oneDNN kernels are not needed.
+      absl::InitializeLog()"): TF is imported later (TFDS, the tfds extra), so setting its
+      environment here is early enough; grain's spawned workers inherit it. TF only reads datasets for
+      us, so its oneDNN kernels are not needed.
     """
     pylogging.getLogger("absl").addFilter(_LibraryInfoFilter())
     pylogging.getLogger("jax._src.xla_bridge").setLevel(pylogging.WARNING)

@@ -17,14 +17,15 @@ from absl import app
 from absl import flags
 
 from sptlib import errors
+from sptlib.configs import common
 from sptlib.kernels import platform
 from sptlib import logs
-from ml_collections import config_flags
 
 PROG = "sptlib.main"
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file (experiments/X.py[:arg]); override fields with "
-    "--config.a.b=value.", lock_config=True)
+_CONFIG = common.define_config_flag(
+    "config", "Experiment config file: experiments/X.py[:arg] (the packaged experiments, from any "
+    "folder) or path/to/your_config.py[:arg]; override fields with --config.a.b=value.",
+    lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (local path or gs://...); each "
                                "stage writes to workdir/<stage>/.")
 _VERBOSE = logs.define_verbose_flag()

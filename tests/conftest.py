@@ -1,4 +1,4 @@
-"""Test set-up: the repository root on `sys.path`, so `experiments.*` config files import as
+"""Test set-up: the repository root on `sys.path`, so `launch.*` and `benchmarks.*` import as
 modules in every test (a missing root must not turn those tests into skips)."""
 
 import os

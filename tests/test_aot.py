@@ -255,8 +255,9 @@ def test_all_paper_configs_compile(tmp_path):
     assert out.stdout.count("\n| ") >= len(records)
 
 
-def test_paper_configs_load_from_the_repository():
-    """`--all` reads every paper config from experiments/ (a path relative to the package)."""
+def test_paper_configs_load_from_the_package():
+    """`--all` reads every paper config from the packaged sptlib/experiments/ (no repository
+    root involved: tests/test_wheel.py runs `sptlib.aot` from an installed wheel)."""
     names = [name for name, _ in aot.paper_configs()]
     assert "lra.py:listops,transformer,spt-masked" in names
     assert len(names) == len(set(names)) >= 14

@@ -13,7 +13,7 @@ from sptlib.configs import common, presets, testing
 from sptlib.train import flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LRA = common.load_module(os.path.join(ROOT, "experiments", "lra.py"))
+LRA = common.load_module(os.path.join(ROOT, "sptlib", "experiments", "lra.py"))
 
 
 def fake_info(cfg):
@@ -136,7 +136,7 @@ def test_lra_config_trains_one_tiny_step(task, model, regime):
     assert set(losses) == set(cfg.stage_order)
 
 
-_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
+_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "sptlib", "experiments", "*.py"))
                 if os.path.basename(p) not in ("__init__.py", "smoke.py", "lra.py"))
 
 
@@ -171,3 +171,36 @@ def test_flops_estimate_matches_hand_count():
     assert est["tokens"] == tokens
     assert est["flops"] == pytest.approx(6 * 1000 * tokens + 12 * 1024 * 64 * tokens * 3)
     assert est["tpu_v4_hours"] == pytest.approx(est["flops"] / (275e12 * 0.3) / 3600)
+
+
+def test_experiment_paths_resolve_to_the_package_from_any_folder(tmp_path, monkeypatch):
+    """`experiments/X.py` names the packaged file where the current folder has no such file; a
+    user's own file at that relative path, or anywhere else, is loaded as given."""
+    monkeypatch.chdir(tmp_path)
+    packaged = os.path.join(ROOT, "sptlib", "experiments", "lra.py")
+    assert os.path.samefile(common.resolve_config_path("experiments/lra.py"), packaged)
+    assert os.path.samefile(common.resolve_config_path("./experiments/lra.py"), packaged)
+    assert common.resolve_config("experiments/lra.py:listops,s4d").endswith("lra.py:listops,s4d")
+    assert common.resolve_config_path("experiments/nope.py") == "experiments/nope.py"
+    assert "experiments/quickstart.py" in common.packaged_experiments()
+    assert "experiments/__init__.py" not in common.packaged_experiments()
+    # The user's own experiments/lra.py, relative to the current folder, wins.
+    (tmp_path / "experiments").mkdir()
+    own = tmp_path / "experiments" / "lra.py"
+    own.write_text("def get_config(arg=''):\n    return {'own': arg}\n")
+    assert common.resolve_config_path("experiments/lra.py") == "experiments/lra.py"
+    assert common.load_module("experiments/lra.py").get_config("x") == {"own": "x"}
+    other = tmp_path / "mine.py"
+    other.write_text("def get_config():\n    return 7\n")
+    assert common.load_module(str(other)).get_config() == 7
+
+
+def test_bench_and_aot_find_the_packaged_configs_from_any_folder(tmp_path, monkeypatch):
+    """`sptlib.bench`'s `lra.py:...` specs and `sptlib.aot --all` need no repository root."""
+    from sptlib.bench import train_step
+    from sptlib.slices import aot
+    monkeypatch.chdir(tmp_path)
+    cfg = train_step.load_config("lra.py:listops,s4d,spt-masked")
+    assert cfg.data.task == "listops" and cfg.model.mixer == "s4d"
+    assert train_step.load_config("smoke.py").stages.pretrain.num_steps == 30
+    assert len(aot.paper_configs()) >= 14

@@ -15,7 +15,7 @@ from etils import epath
 from etils.epath import gpath
 from etils.epath import testing as epath_testing
 
-from launch import common
+from sptlib.launch import common
 
 BUCKET_RUN = "gs://spt-test-bucket/runs/smoke"
 
@@ -71,9 +71,9 @@ def test_fake_gcs_maps_bucket_paths_to_local_dir(tmp_path):
 
 def test_pipeline_reaches_first_write_on_gs_workdir(tmp_path, monkeypatch):
     """`sptlib.protocol.stages.run(config, "gs://...")` creates the stage dir and writes its first file
-    through epath. Stops there: later writes (orbax/TensorStore, TensorBoard via tf.io.gfile)
+    through epath. Stops there: later writes (orbax/TensorStore, the TensorBoard event file)
     use their own gs clients, which this test must not reach."""
-    from experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
+    from sptlib.experiments import smoke  # the repo root is on sys.path (tests/conftest.py)
     from sptlib.protocol import stages
     config = smoke.get_config()
     # The data lives outside cwd: preflight generates it (a local path) before the first write.
@@ -129,7 +129,7 @@ def test_compare_writes_its_records_report_and_plots_through_epath(tmp_path, mon
             (d / "results.json").write_text(json.dumps(res))
         return {}
 
-    path = str(pathlib.Path(__file__).parent.parent / "experiments" / "quickstart.py")
+    path = str(pathlib.Path(__file__).parent.parent / "sptlib" / "experiments" / "quickstart.py")
     writes = []
     with _fake_gcs(tmp_path / "gcs", writes, stop_at_first_write=False):
         _, specs = compare.expand(path, {}, workdir=root, seeds=[0, 1])

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from launch import common, slurm, tpu
+from sptlib.launch import common, slurm, tpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = ["--name=spt", "--zone=us-central2-b", "--accelerator-type=v4-32",
@@ -91,6 +91,37 @@ def test_delete_and_setup_commands():
     assert "fetch -q --depth=1 https://example.com/sptlib.git v0.1" in _flag(ssh, "--command")[0]
 
 
+def test_setup_from_a_wheel_needs_no_checkout(tmp_path):
+    """`--source=wheel`: the wheel is copied to every worker and installed (not editable) with
+    the `gcs` extra; no checkout is packed or unpacked. Without TensorFlow in the core install,
+    gcsfs is what lets etils.epath write the gs:// workdir."""
+    args = tpu.parse_args(["setup", "--name=spt", "--zone=z", "--source=wheel",
+                           "--wheel=dist/sptlib-0.1.0-py3-none-any.whl"])
+    scp, ssh = _commands(tpu.make_plan(args))
+    assert scp[5:7] == ["dist/sptlib-0.1.0-py3-none-any.whl", "spt:sptlib-0.1.0-py3-none-any.whl"]
+    script = _flag(ssh, "--command")[0]
+    assert "sptlib.tar.gz" not in script and "git " not in script and " -e " not in script
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+    # The install word as the worker's bash expands it: ~ to $HOME, the extra kept literally.
+    word = script.split("'jax[tpu]==0.10.2' ")[1].split(";")[0]
+    echo = subprocess.run(["bash", "-c", f"printf '%s\\n' {word}"], capture_output=True,
+                          text=True, env=dict(os.environ, HOME=str(tmp_path)))
+    assert echo.stdout == f"{tmp_path}/sptlib-0.1.0-py3-none-any.whl[gcs]\n"
+    args = tpu.parse_args(["setup", "--name=spt", "--zone=z", "--source=wheel"])
+    with pytest.raises(SystemExit, match="--wheel=PATH.whl"):
+        tpu.make_plan(args)
+
+
+def test_slurm_job_starts_in_the_given_folder_not_a_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = ["--config=experiments/lra.py:listops,s4,spt-masked", "--workdir=/shared/x"]
+    args = slurm.parse_args(base)
+    assert args.chdir == str(tmp_path) and args.log_dir == str(tmp_path / "slurm-logs")
+    assert f"\ncd {tmp_path}\n" in slurm.render(args)
+    args = slurm.parse_args([*base, "--checkout=/shared/sptlib"])  # the old name still works
+    assert "\ncd /shared/sptlib\n" in slurm.render(args)
+
+
 def test_run_multislice_runs_every_node_at_once():
     args = tpu.parse_args(["run", *RUN, "--num-slices=2", "--", "--config.seed=3"])
     plan = tpu.make_plan(args)
@@ -163,7 +194,7 @@ def test_run_worker_script_executes_in_sandbox(tmp_path):
 def test_cli_dry_run_runs_nothing(tmp_path):
     bindir, calls = _fake_bin(tmp_path)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
-    up = [sys.executable, "-m", "launch.tpu", "up", *RUN, "--mode=spot", "--",
+    up = [sys.executable, "-m", "sptlib.launch.tpu", "up", *RUN, "--mode=spot", "--",
           "--config.seed=1", "--dry-run"]  # --dry-run after `--` still counts
     out = subprocess.run(up, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -175,7 +206,7 @@ def test_cli_dry_run_runs_nothing(tmp_path):
     assert order == sorted(order)
     assert "--config.seed=1" in text and "--dry-run" not in text.split("queued-resources")[1]
 
-    sl = [sys.executable, "-m", "launch.slurm", "--nodes=2", "--gpus-per-node=4",
+    sl = [sys.executable, "-m", "sptlib.launch.slurm", "--nodes=2", "--gpus-per-node=4",
           "--partition=gpu", "--time=02:00:00", "--config=experiments/pathx.py",
           "--workdir=gs://my-bucket/spt/pathx", "--python=/opt/venv/bin/python",
           f"--script-out={tmp_path}/job.sbatch", "--dry-run", "--", "--config.seed=2"]

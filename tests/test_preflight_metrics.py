@@ -4,7 +4,7 @@ really reports (traced from the step itself, nothing run)."""
 import jax
 import pytest
 
-from experiments import smoke
+from sptlib.experiments import smoke
 from sptlib import data as data_lib
 from sptlib import objectives
 from sptlib.train import preflight, setup

@@ -80,12 +80,16 @@ def synced(fn, device):
 
 
 def _reference(name):
-    """`benchmarks.peers.<name>` from the repository root (outside the sptlib package)."""
-    if train_step.REPO_ROOT not in sys.path:
-        sys.path.insert(0, train_step.REPO_ROOT)
-    if not os.path.isdir(os.path.join(train_step.REPO_ROOT, "benchmarks", "peers")):
-        raise SystemExit(f"--peer: {train_step.REPO_ROOT}/benchmarks/peers not found (the reference "
-                         "blocks ship with the repository, not the installed package)")
+    """`benchmarks.peers.<name>` from a clone of the repository (PyTorch reference blocks that
+    ship with the repository, not the package): the current directory's, else the clone this
+    sptlib was imported from."""
+    clone = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    roots = [r for r in (os.getcwd(), clone) if os.path.isdir(os.path.join(r, "benchmarks", "peers"))]
+    if not roots:
+        raise SystemExit("--peer: no benchmarks/peers/ here or beside sptlib (the reference blocks "
+                         "ship with the repository, not the installed package: run from a clone)")
+    if roots[0] not in sys.path:
+        sys.path.insert(0, roots[0])
     return importlib.import_module(f"benchmarks.peers.{name}")
 
 

@@ -20,7 +20,6 @@ Pod presets (a `config.mesh` naming more devices than are present, e.g. `gss_lm.
 run with the mesh reduced to data parallelism over the local devices (`mesh_note` says so).
 """
 
-import importlib.util
 import os
 import time
 
@@ -35,14 +34,13 @@ from sptlib import models
 from sptlib.kernels import platform
 from sptlib.slices import meshes
 from sptlib.bench import common
+from sptlib.configs import common as config_common
 from sptlib.train import flops as flop_count
 from sptlib.train import setup, sharding
 
 # Targets from the performance issue.
 MFU_TARGET = 0.40          # Transformer train step at d_model >= 256
 COMPILE_TARGET_S = 20.0    # first-step compile of every experiment config at its real size
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FULL_CONFIGS = tuple(
     [f"lra.py:{t},{m},spt-masked" for t in ("listops", "text", "retrieval", "image",
@@ -97,14 +95,13 @@ def matmul_peak(sizes=(2048, 4096), repeats=5, max_seconds=10.0, emit=common.emi
 
 
 def load_config(spec):
-    """`lra.py:listops,s4,spt-masked` (relative to experiments/) or a path[:arg] -> ConfigDict."""
+    """`lra.py:listops,s4,spt-masked` (a packaged experiment file, `sptlib/experiments/`) or a
+    path[:arg] of the user's own -> ConfigDict."""
     path, _, arg = spec.partition(":")
-    if not os.path.isabs(path) and not os.path.exists(path):
-        path = os.path.join(REPO_ROOT, "experiments", path)
-    mod_spec = importlib.util.spec_from_file_location(
-        "_bench_cfg_" + os.path.basename(path).replace(".", "_"), path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
+    if not os.path.exists(path) and os.path.isfile(os.path.join(config_common.EXPERIMENTS_DIR,
+                                                                path)):
+        path = os.path.join(config_common.EXPERIMENTS_DIR, path)
+    mod = config_common.load_module(path)
     return mod.get_config(arg) if arg else mod.get_config()
 
 

@@ -4,6 +4,12 @@ Argument strings (`--config=experiments/lra.py:<arg>`) are comma-separated token
 fill the file's positional slots in order (e.g. `listops,s4d,spt-masked` → task, model, regime),
 `key=value` tokens set named slots. `sptlib.protocol.compare` re-calls `get_config` with `model=` and
 `regime=` added, so every file must accept those two keys.
+
+Config files are addressed as `experiments/<name>.py[:arg]`: the experiment files ship inside
+the package (`sptlib/experiments/`), and `resolve_config_path` maps `experiments/<name>.py` to
+the packaged file whenever no such file exists relative to the current directory, so the same
+command works from a clone and, after `pip install`, from any folder. Any other path is the
+user's own file, loaded as given.
 """
 
 from __future__ import annotations
@@ -42,8 +48,48 @@ def format_arg(values: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in values.items() if v is not None)
 
 
+# sptlib/experiments/, beside this package (the installed package, or the clone's).
+EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "experiments")
+_PACKAGED_PREFIXES = ("experiments/", "sptlib/experiments/")
+
+
+def resolve_config_path(path: str) -> str:
+    """`experiments/lra.py` -> `<site-packages>/sptlib/experiments/lra.py` when no
+    `experiments/lra.py` exists relative to the current directory; every other path unchanged.
+
+    A file of the user's own with the same relative path wins (it exists), and a name that is no
+    packaged file stays as given, so the loader's error names what the user typed.
+    """
+    if not path or os.path.exists(path) or "://" in path:
+        return path
+    rel = path.replace(os.sep, "/")
+    while rel.startswith("./"):
+        rel = rel[2:]
+    for prefix in _PACKAGED_PREFIXES:
+        if rel.startswith(prefix):
+            packaged = os.path.join(EXPERIMENTS_DIR, *rel[len(prefix):].split("/"))
+            if os.path.isfile(packaged):
+                return packaged
+    return path
+
+
+def resolve_config(config: str) -> str:
+    """`file.py[:arg]` with its file resolved by `resolve_config_path` (the arg unchanged)."""
+    path, sep, arg = config.partition(":")
+    return resolve_config_path(path) + sep + arg
+
+
+def packaged_experiments() -> list[str]:
+    """`experiments/<name>.py` of every packaged experiment file (for help and error texts)."""
+    return sorted(f"experiments/{f}" for f in os.listdir(EXPERIMENTS_DIR)
+                  if f.endswith(".py") and not f.startswith("_"))
+
+
 def load_module(path: str):
-    """Imports an experiment file by path (as ml_collections' config_flags does)."""
+    """Imports an experiment file by path (as ml_collections' config_flags does); `path` goes
+    through `resolve_config_path` first."""
+    path = resolve_config_path(path)
     name = "spt_experiment_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -52,3 +98,29 @@ def load_module(path: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def define_config_flag(name: str = "config", help_string: str = "", **kwargs):
+    """ml_collections' `DEFINE_config_file` whose file goes through `resolve_config_path`, so
+    `--config=experiments/X.py[:arg]` loads the packaged file from any folder. The flag's
+    `config_filename` stays what the user typed (it is what results and logs record)."""
+    from absl import flags  # deferred: only the command lines define flags
+    from ml_collections import config_flags
+
+    holder = config_flags.DEFINE_config_file(name, None, help_string, **kwargs)
+    flag = flags.FLAGS[name]
+    flag.parser = _ResolvingParser(flag.parser)
+    return holder
+
+
+class _ResolvingParser:
+    """Wraps ml_collections' config-file parser: resolves the file, then parses as it does."""
+
+    def __init__(self, parser):
+        self._parser = parser
+
+    def parse(self, argument):
+        return self._parser.parse(resolve_config(argument))
+
+    def __getattr__(self, attr):  # flag_type, ... as the wrapped parser's
+        return getattr(self._parser, attr)

@@ -46,6 +46,7 @@ import ml_collections
 import numpy as np
 
 from sptlib import vocab
+from sptlib.data import sources
 from sptlib.data.errors import DataError
 
 EOF_ID = vocab.NUM_SPECIAL + 256  # end of file, after the 256 byte ids
@@ -265,7 +266,7 @@ def tfds_stream(task: str, split: str, cfg, max_tokens: int = 0) -> np.ndarray:
     """Token stream of TFDS `pg19`, `lm1b` or `scientific_papers/arxiv` (fields `book_text`,
     `text`, `article`), documents
     separated by `EOF_ID` (bytes) or the SentencePiece model's EOS id."""
-    import tensorflow_datasets as tfds  # lazy: pod runs only
+    tfds = sources.import_tfds(f"config.data.task={task!r}")  # pod runs only
     name, field = {"pg19": ("pg19", "book_text"), "lm1b": ("lm1b", "text"),
                    "arxiv": ("scientific_papers/arxiv", "article")}[task]
     # lm1b has no validation split: its test split doubles as validation (as LRA Text does).

@@ -13,10 +13,12 @@ sources give identical splits and batches); training then reads them with
 import inspect
 
 import numpy as np
-import tensorflow_datasets as tfds
 from etils import epath
 
 from sptlib.data import aan, listops, pathfinder, sources, tokenizers
+
+# Imported only for config.data.source='tfds' (file_tasks defers it); a one-line error without.
+tfds = sources.import_tfds("config.data.source='tfds' (the LRA TFDS builders)")
 
 _INSTRUCTIONS = """
 Download and extract the LRA release (https://storage.googleapis.com/long-range-arena/

@@ -9,6 +9,7 @@ complete the last evaluation batch. Sources are picklable (grain worker processe
 
 import numpy as np
 
+from sptlib import errors
 from sptlib.data import tokenizers
 
 
@@ -207,9 +208,25 @@ class MappedSource:
         return self._filler()
 
 
+TFDS_EXTRA = ("install sptlib's tfds extra: pip install -e '.[tfds]' in a clone, "
+              "pip install 'sptlib-<version>-py3-none-any.whl[tfds]' from a wheel")
+
+
+def import_tfds(what: str):
+    """`tensorflow_datasets`, or a one-line `ConfigError` saying which extra installs it: TFDS
+    and TensorFlow are not in the core install (training needs neither)."""
+    try:
+        import tensorflow_datasets as tfds  # deferred: TFDS (and TensorFlow) only for `what`
+    except ImportError as e:
+        raise errors.ConfigError(
+            f"{what} needs TensorFlow Datasets, which the core install leaves out; "
+            f"{TFDS_EXTRA} ({type(e).__name__}: {e})") from None
+    return tfds
+
+
 def tfds_source(name, split, cfg):
     """A prepared TFDS dataset's split with random access (`tfds.data_source`, ArrayRecord)."""
-    import tensorflow_datasets as tfds  # deferred: TFDS (and TensorFlow) only for these tasks
+    tfds = import_tfds(f"config.data.task={cfg.task!r} (TFDS dataset {name!r})")
     kwargs = {"data_dir": cfg.tfds_data_dir} if cfg.tfds_data_dir else {}
     try:
         return tfds.data_source(name, split=split, download=False, **kwargs)

@@ -11,11 +11,13 @@ dir) once as ArrayRecord under `tfds_data_dir`, through the same reader as `sour
 import os
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from sptlib.data import sources
 from sptlib.data import speech_commands as sc
 from sptlib.data.lra_tfds import _Builder
+
+# Imported only for config.data.source='tfds' (file_tasks defers it); a one-line error without.
+tfds = sources.import_tfds("config.data.source='tfds' (the Speech Commands TFDS builder)")
 
 _INSTRUCTIONS = f"""
 Download {sc.URL}, extract it into a folder (it holds one folder per word,

@@ -54,9 +54,9 @@ from sptlib.configs import common, presets, variants
 from sptlib.protocol.records import is_finished, load_results, make_record
 from sptlib.train import results as results_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file, `path.py[:arg]`, with a `compare` section.",
-    lock_config=True)
+_CONFIG = common.define_config_flag(
+    "config", "Experiment config file with a `compare` section: experiments/X.py[:arg] (the "
+    "packaged experiments, from any folder) or path/to/your_config.py[:arg].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the whole comparison.")
 # Comma-separated overrides of config.compare.<name>: name -> the help after "Override ...".
 _LIST_OVERRIDES = {

@@ -18,7 +18,7 @@ beats the compiler's best case).
 
 Exit status: 0 when every stage fits, 1 otherwise (one line per failing stage on stderr, naming
 the config, the stage, bytes per chip, the HBM and what to change), 2 without libtpu (install
-it with `pip install -e '.[tpu]'`).
+sptlib's `tpu` extra).
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from sptlib.slices import meshes, topologies
 from sptlib.configs import common
 from sptlib.train import flops, setup
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INSTALL_HINT = ("sptlib.slices.aot needs libtpu to compile for TPUs (this machine needs no TPU): "
-                "pip install -e '.[tpu]'  (or: pip install 'libtpu==0.0.42.*')")
+                "install sptlib's tpu extra (pip install -e '.[tpu]' in a clone, "
+                "'sptlib-<version>-py3-none-any.whl[tpu]' from a wheel) or "
+                "pip install 'libtpu==0.0.42.*'")
 # The paper grid of `--all`: experiment file, its argument prefix, tasks (None: no task slot).
 PAPER_GRID = (("lra.py", ("listops", "text", "retrieval", "image", "pathfinder", "pathx",
                           "pathx256")),
@@ -64,9 +65,9 @@ def define_flags():
     """Defines the CLI's flags. Called by the entry point only: `sptlib.main` and
     `sptlib.protocol.compare` define `--config` too, and one process (a test worker) may import all
     three modules."""
-    config_flags.DEFINE_config_file(
-        "config", None, "Experiment config (experiments/X.py[:arg]); override fields with "
-        "--config.a.b=value.", lock_config=True)
+    common.define_config_flag(
+        "config", "Experiment config (experiments/X.py[:arg], packaged; or your own "
+        "path.py[:arg]); override fields with --config.a.b=value.", lock_config=True)
     flags.DEFINE_string("topology", "", "TPU slice, e.g. v4-32, v5e-16, v5p-8; "
                         "default: the config's aot.slice.")
     flags.DEFINE_string("stage", "", "Compile only this stage (default: every stage).")
@@ -94,7 +95,7 @@ def paper_configs():
     """[(name, config)] of the paper grid (see PAPER_GRID)."""
     out = []
     for file, tasks in PAPER_GRID:
-        module = common.load_module(os.path.join(REPO_ROOT, "experiments", file))
+        module = common.load_module(os.path.join(common.EXPERIMENTS_DIR, file))  # packaged
         for task in tasks:
             for model in PAPER_MODELS:
                 arg = ",".join(x for x in (task, model, PAPER_REGIME) if x)

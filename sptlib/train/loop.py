@@ -4,7 +4,7 @@
 
     checkpoints/          orbax checkpoints (sptlib.train.checkpoint): state + data iterator state
                           (+ the validation history and wall time so far) + their digest
-    events.out.tfevents*  TensorBoard scalars (clu writers): train/*, validation/*, test_*/*
+    events.out.tfevents*  TensorBoard scalars (metrics.EventWriter): train/*, validation/*, test_*/*
     config.json           the full resolved config the stage first ran with (never overwritten;
                           a resume with another config adds config.step<N>.json, see guards)
     inputs.json           what the stage was initialised from (init_from: checkpoint, fingerprint)
@@ -93,7 +93,6 @@ def _train_stage(config, stage_name, workdir):
         if is_main_process():
             guards.warn_finished_changes(config, stage_name, stage_dir)
         return previous
-    metrics_lib.preload_writer_backend()
 
     task = data_lib.get_task(config.data)
     local_bs, local_eval_bs = setup.local_batch_sizes(config, stage_name)

@@ -1,13 +1,18 @@
-"""Metric accumulation across steps and the clu metric writers (TensorBoard + log).
+"""Metric accumulation across steps, and the TensorBoard event writer (no TensorFlow).
 
 Train and eval steps return `{name: (sum, count)}` pairs summed over the global batch (the
 objective's convention), or plain scalars (e.g. a learning rate) which are averaged over steps.
 Accumulation stays on device (`accumulate`, jitted) so that logging costs one transfer per
 `log_every` steps instead of a host sync per step.
+
+`EventWriter` writes TensorBoard scalars with tensorboardX's protocol buffers and record framing,
+through epath (local folders and gs:// alike), so training needs no TensorFlow.
 """
 
 import math
-import threading
+import socket
+import struct
+import time
 from typing import Any, Optional
 
 from etils import epath
@@ -68,34 +73,70 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-_preload = None
+class EventWriter:
+    """TensorBoard scalars in one `events.out.tfevents.<time>.<host>` file of `logdir`.
 
-
-def preload_writer_backend():
-    """Starts importing clu's writers (TensorFlow, ~5-8 s of CPU) in a background thread.
-
-    Called at the start of a stage so the import overlaps data loading and XLA compilation
-    (which release the GIL) instead of delaying the first step.
+    Records are framed as TensorBoard reads them (length, masked CRC-32C of it, the serialised
+    `Event`, masked CRC-32C of it). A local file is appended to on every write; an object store
+    (gs://) cannot append, so the whole file is rewritten at most every `remote_flush_s` and on
+    `flush` / `close` (a scalar costs ~50 bytes: a long run's file stays small).
     """
-    global _preload
-    if _preload is None:
-        def _import():
-            try:
-                from clu import metric_writers  # noqa: F401  pylint: disable=unused-import
-            except Exception:  # pylint: disable=broad-except
-                pass  # the real import in create_writer raises with the reason
-        _preload = threading.Thread(target=_import, name="clu-writer-import", daemon=True)
-        _preload.start()
+
+    def __init__(self, logdir, *, remote_flush_s: float = 60.0):
+        from tensorboardX.proto import event_pb2, summary_pb2  # light: protobuf only, no TF
+        from tensorboardX.record_writer import masked_crc32c
+        self._event, self._summary, self._crc = event_pb2.Event, summary_pb2.Summary, masked_crc32c
+        logdir = epath.Path(logdir)
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.path = logdir / f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}"
+        self._remote = "://" in str(logdir)
+        self._remote_flush_s, self._last_flush = remote_flush_s, time.monotonic()
+        self._records: list[bytes] = []   # everything (remote) or what is not written (local)
+        self._append(self._event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def _append(self, event) -> None:
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        self._records.append(header + struct.pack("<I", self._crc(header)) + data
+                             + struct.pack("<I", self._crc(data)))
+
+    def write_scalars(self, step: int, scalars: dict[str, Any]) -> None:
+        values = [self._summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+        self._append(self._event(wall_time=time.time(), step=int(step),
+                                 summary=self._summary(value=values)))
+        if not self._remote or time.monotonic() - self._last_flush >= self._remote_flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._remote:
+            self.path.write_bytes(b"".join(self._records))
+        elif self._records:
+            with self.path.open("ab") as f:
+                f.write(b"".join(self._records))
+            self._records = []
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+
+
+class _NoWriter:
+    """Processes other than 0 write no event file (process 0 writes the global metrics)."""
+
+    def write_scalars(self, step, scalars):
+        del step, scalars
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
 
 
 def create_writer(logdir, *, is_main: bool):
-    """clu writer: TensorBoard events in `logdir` plus log lines on process 0; logs elsewhere."""
-    if _preload is not None:
-        _preload.join()
-    from clu import metric_writers  # imports TensorFlow/TensorBoard: keep it lazy
-    if not is_main:
-        return metric_writers.create_default_writer(just_logging=True, asynchronous=False)
-    return metric_writers.create_default_writer(str(epath.Path(logdir)), asynchronous=True)
+    """The stage's TensorBoard writer: `EventWriter(logdir)` on process 0, a no-op elsewhere."""
+    return EventWriter(logdir) if is_main else _NoWriter()
 
 
 class Progress:

@@ -113,7 +113,7 @@ def create_mesh(mesh_cfg, devices=None):
 
 def _multihost_env():
     """True when the environment describes a multi-process job JAX can auto-detect."""
-    # Set by launch/tpu.py: on Cloud TPU VMs the worker list comes from the VM metadata server,
+    # Set by sptlib/launch/tpu.py: on Cloud TPU VMs the worker list comes from the VM metadata server,
     # which no environment variable reveals, so the launcher says so explicitly.
     if os.environ.get("SPTLIB_DISTRIBUTED", "") == "1":
         return True

@@ -1,6 +1,6 @@
-"""Slurm launcher for GPU clusters: renders `launch/slurm.sbatch` and submits it with `sbatch`.
+"""Slurm launcher for GPU clusters: renders `slurm.sbatch` (beside it) and submits it with `sbatch`.
 
-    python -m launch.slurm --nodes=2 --gpus-per-node=8 --time=24:00:00 --partition=gpu \
+    python -m sptlib.launch.slurm --nodes=2 --gpus-per-node=8 --time=24:00:00 --partition=gpu \
         --config=experiments/lra.py:pathx,s4,spt-masked --workdir=/shared/runs/pathx_s4 \
         [--dry-run] [-- --config.stages.finetune.num_steps=1000]
 
@@ -23,14 +23,14 @@ import sys
 import tempfile
 from typing import Sequence
 
-from launch import common
+from sptlib.launch import common
 from sptlib.slices import meshes
 
 TEMPLATE = pathlib.Path(__file__).with_name("slurm.sbatch")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m sptlib.launch.slurm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="experiment config, relative to the checkout")
     p.add_argument("--workdir", required=True,
@@ -45,9 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sbatch-flag", action="append", default=[],
                    help="extra #SBATCH line content, e.g. --constraint=a100")
     p.add_argument("--job-name", default="", help="default: workdir basename")
-    p.add_argument("--checkout", default=str(common.REPO_ROOT), help="sptlib checkout on the nodes")
+    p.add_argument("--chdir", "--checkout", dest="chdir", default=os.getcwd(),
+                   help="folder the job starts in on the nodes (default: this one); relative "
+                   "paths resolve there. The packaged experiments/ configs need no checkout")
     p.add_argument("--python", default=sys.executable, help="python of the venv on the nodes")
-    p.add_argument("--log-dir", default="", help="default: CHECKOUT/slurm-logs")
+    p.add_argument("--log-dir", default="", help="default: CHDIR/slurm-logs")
     p.add_argument("--mesh", default="", help="mesh preset (default gpu-N / Mxgpu-N), or none")
     p.add_argument("--fsdp", type=int, default=1)
     p.add_argument("--tensor", type=int, default=1)
@@ -73,7 +75,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise SystemExit("--nodes and --gpus-per-node must be >= 1")
     args.job_name = args.job_name or args.workdir.rstrip("/").rsplit("/", 1)[-1] or "spt"
-    args.log_dir = args.log_dir or os.path.join(args.checkout, "slurm-logs")
+    args.log_dir = args.log_dir or os.path.join(args.chdir, "slurm-logs")
     return args
 
 
@@ -110,7 +112,7 @@ def render(args) -> str:
         "JOB_NAME": args.job_name, "NODES": str(args.nodes),
         "GPUS_PER_NODE": str(args.gpus_per_node), "CPUS_PER_TASK": str(args.cpus_per_task),
         "TIME": args.time, "LOG_DIR": shlex.quote(args.log_dir),
-        "EXTRA_SBATCH": "\n".join(sbatch_lines), "CHECKOUT": shlex.quote(args.checkout),
+        "EXTRA_SBATCH": "\n".join(sbatch_lines), "CHDIR": shlex.quote(args.chdir),
         "MEM_FRACTION": args.mem_fraction, "EXPORTS": "\n".join(exports),
         "PYTHON": shlex.quote(args.python), "ARGS": " ".join(shlex.quote(a) for a in main_args),
     }

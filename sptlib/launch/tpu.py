@@ -1,12 +1,12 @@
 """Cloud TPU launcher: create a slice, set up every worker, run on all workers, logs, tear down.
 
-    python -m launch.tpu create --name=spt --zone=us-central2-b --accelerator-type=v4-32 --mode=spot
-    python -m launch.tpu setup  --name=spt --zone=us-central2-b
-    python -m launch.tpu run    --name=spt --zone=us-central2-b --accelerator-type=v4-32 \
+    python -m sptlib.launch.tpu create --name=spt --zone=us-central2-b --accelerator-type=v4-32 --mode=spot
+    python -m sptlib.launch.tpu setup  --name=spt --zone=us-central2-b
+    python -m sptlib.launch.tpu run    --name=spt --zone=us-central2-b --accelerator-type=v4-32 \
         --config=experiments/lra.py:pathx,s4,spt-masked --workdir=gs://BUCKET/spt/pathx_s4
-    python -m launch.tpu logs   --name=spt --zone=us-central2-b --run-name=pathx_s4 --follow
-    python -m launch.tpu delete --name=spt --zone=us-central2-b
-    python -m launch.tpu up ...   # create (wait until ACTIVE) + setup + run, one command
+    python -m sptlib.launch.tpu logs   --name=spt --zone=us-central2-b --run-name=pathx_s4 --follow
+    python -m sptlib.launch.tpu delete --name=spt --zone=us-central2-b
+    python -m sptlib.launch.tpu up ...   # create (wait until ACTIVE) + setup + run, one command
 
 Every sub-command takes `--dry-run`: it prints the exact commands (a bash script) and runs
 nothing. Slices are TPU VMs requested through queued resources (`gcloud compute tpus
@@ -22,7 +22,7 @@ import shlex
 import sys
 from typing import Sequence
 
-from launch import common
+from sptlib.launch import common
 from sptlib.slices import meshes
 
 MODES = ("spot", "reserved", "best-effort", "on-demand")
@@ -138,19 +138,24 @@ def setup_script(args) -> str:
     venv = common.remote_path(args.venv, "--venv")
     checkout = common.remote_path(CHECKOUT, "checkout")
     lines = ["set -euo pipefail"]
-    if args.source == "local":
-        lines.append(f"rm -rf {checkout} && mkdir -p {checkout} && "
-                     f"tar -xzf ~/sptlib.tar.gz -C {checkout}")
+    if args.source == "wheel":
+        package = common.remote_path(f"~/{_wheel_name(args)}", "--wheel") + "'[gcs]'"
     else:
-        lines.append(f"rm -rf {checkout} && git init -q {checkout} && "
-                     f"git -C {checkout} fetch -q --depth=1 {shlex.quote(args.git_url)} "
-                     f"{shlex.quote(args.git_ref)} && git -C {checkout} checkout -q FETCH_HEAD")
-    # uv provides Python 3.11 on images that ship an older one (Ubuntu 22.04 has 3.10).
+        package = f"-e {checkout}'[gcs]'"
+        if args.source == "local":
+            lines.append(f"rm -rf {checkout} && mkdir -p {checkout} && "
+                         f"tar -xzf ~/sptlib.tar.gz -C {checkout}")
+        else:
+            lines.append(f"rm -rf {checkout} && git init -q {checkout} && "
+                         f"git -C {checkout} fetch -q --depth=1 {shlex.quote(args.git_url)} "
+                         f"{shlex.quote(args.git_ref)} && git -C {checkout} checkout -q FETCH_HEAD")
+    # uv provides Python 3.11 on images that ship an older one (Ubuntu 22.04 has 3.10). The
+    # `gcs` extra (gcsfs) gives etils.epath its Cloud Storage backend for the gs:// workdir.
     lines += [
         "python3 -m pip install --user --quiet --upgrade uv",
         f"~/.local/bin/uv venv --quiet --allow-existing --python={args.python} {venv}",
         f"~/.local/bin/uv pip install --quiet --python={venv}/bin/python "
-        f"{shlex.quote(f'jax[tpu]=={args.jax_version}')} -e {checkout}",
+        f"{shlex.quote(f'jax[tpu]=={args.jax_version}')} {package}",
         f"{venv}/bin/python -c {shlex.quote('import jax, sptlib; print(jax.__version__)')}",
     ]
     if args.gcsfuse_bucket:
@@ -170,9 +175,18 @@ def setup_script(args) -> str:
     return "; ".join(lines)
 
 
+def _wheel_name(args) -> str:
+    return args.wheel.replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def setup_plan(args) -> common.Plan:
     plan = common.Plan()
-    if args.source == "local":
+    if args.source == "wheel":
+        if not args.wheel.endswith(".whl"):
+            raise SystemExit("--source=wheel needs --wheel=PATH.whl (pip wheel --no-deps .)")
+        plan.extend(scp_all(args, args.wheel, _wheel_name(args),
+                            note="copy the wheel to every worker"))
+    elif args.source == "local":
         src = str(args.source_dir)
         tarball = f"/tmp/sptlib-{args.name}.tar.gz"
         # Tracked and untracked-but-not-ignored files: the working tree as the user sees it.
@@ -235,7 +249,9 @@ def run_script(args) -> str:
                                     run_overrides(args), run_env(args))
     log = f"{logs}/{run}.$(hostname).log"
     pid = f"{logs}/{run}.pid"
-    lines = ["set -euo pipefail", f"mkdir -p {logs}", f"cd {CHECKOUT}"]
+    # The checkout (absent with --source=wheel: the packaged experiments/ need none) is where a
+    # relative --config of the user's own resolves.
+    lines = ["set -euo pipefail", f"mkdir -p {logs} {CHECKOUT}", f"cd {CHECKOUT}"]
     if args.foreground:
         lines.append(f"{cmd} 2>&1 | tee {log}")
         return "; ".join(lines)
@@ -309,8 +325,11 @@ def _create_flags(p):
 
 
 def _setup_flags(p):
-    p.add_argument("--source", choices=("local", "git"), default="local")
-    p.add_argument("--source-dir", default=str(common.REPO_ROOT), help="checkout to copy")
+    p.add_argument("--source", choices=("local", "git", "wheel"), default="local",
+                   help="local: copy --source-dir (a checkout); git: fetch --git-url at "
+                   "--git-ref; wheel: install --wheel (no checkout on the workers)")
+    p.add_argument("--source-dir", default=".", help="checkout to copy (default: this folder)")
+    p.add_argument("--wheel", default="", help="sptlib wheel for --source=wheel")
     p.add_argument("--git-url", default="")
     p.add_argument("--git-ref", default="", help="branch, tag or commit")
     p.add_argument("--python", default=common.PYTHON_VERSION)
@@ -346,7 +365,7 @@ def _log_flags(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launch.tpu", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m sptlib.launch.tpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     groups = {

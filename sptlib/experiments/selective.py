@@ -1,6 +1,6 @@
 r"""Selective vs LTI vs attention on the synthetic probes: a CPU-sized grid (issue 41).
 
-    python experiments/selective.py --out=DIR [--jobs=2] [--steps=N] [--models=a,b] [--tasks=a,b]
+    python -m sptlib.experiments.selective --out=DIR [--jobs=2] [--steps=N] [--models=a,b] [--tasks=a,b]
         [--seeds=0,1,2]
 
 Grid: {mamba, mamba2, s4d, transformer} x {associative_recall (MQAR, 16 pairs, L = 128, key and
@@ -39,7 +39,6 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODELS = ("mamba", "mamba2", "s4d", "transformer")
 # Key and value vocabularies of 16 (every key occurs in every sequence, chance 1/16): at 64 no
@@ -56,9 +55,9 @@ POSITIONAL = ("task", "model", "regime")  # of get_config (experiments/probes.py
 
 def get_config(arg="associative_recall"):
     """experiments/probes.py's `sptlib.compare` config for `arg` (task[,model,regime][,...])."""
-    sys.path.insert(0, ROOT)
-    from sptlib.configs import common  # after sys.path has the repository root (script run)
-    return common.load_module(os.path.join(ROOT, "experiments", "probes.py")).get_config(arg)
+    from sptlib.configs import common  # deferred: the worker processes never need it
+    here = os.path.dirname(os.path.abspath(__file__))
+    return common.load_module(os.path.join(here, "probes.py")).get_config(arg)
 
 
 def model_cfg(model, info):
@@ -204,8 +203,7 @@ def table(out, models, tasks, seeds, lrs, lr_seeds):
     """Markdown table: per (model, task) the test accuracy at the lr chosen on validation
     (mean ± 95% t-interval over the seeds, in %), the chosen lr and every lr's validation
     accuracy (mean over the sweep seeds)."""
-    sys.path.insert(0, ROOT)
-    from sptlib.protocol import stats  # after sys.path has the repository root (script run)
+    from sptlib.protocol import stats  # deferred: only the parent process writes the table
     lines = ["| model | task | test accuracy at answer positions (%) | all answers right (%) | "
              "lr chosen | validation accuracy per lr (%) | params | s/run |",
              "|---|---|---|---|---|---|---|---|"]
@@ -253,7 +251,6 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     if a.run:
         m, t, s, lr = a.run.split(",")
-        sys.path.insert(0, ROOT)
         return run_one(m, t, int(s), float(lr), a.steps, a.out)
     models, tasks = a.models.split(","), a.tasks.split(",")
     seeds = [int(s) for s in a.seeds.split(",")]
@@ -280,7 +277,7 @@ def main():
             m, t, s, lr = ready[1]
             if os.path.exists(record_path(a.out, m, t, s, lr)):
                 continue  # finished earlier: resumable
-            cmd = [sys.executable, os.path.abspath(__file__), f"--out={a.out}",
+            cmd = [sys.executable, "-m", "sptlib.experiments.selective", f"--out={a.out}",
                    f"--steps={a.steps}", f"--run={m},{t},{s},{lr:g}", f"--batch={BATCH}",
                    f"--d-model={D_MODEL}"]
             log = open(record_path(a.out, m, t, s, lr)[:-len(".json")] + ".log", "w")

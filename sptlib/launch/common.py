@@ -7,7 +7,6 @@ does exactly what the launcher would do, nothing is executed) or runs it step by
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import re
 import shlex
 import subprocess
@@ -17,7 +16,6 @@ from typing import Sequence
 # Must match the jax pin in setup.py (tests/test_launch.py checks this).
 JAX_VERSION = "0.10.2"
 PYTHON_VERSION = "3.11"
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Remote paths are written into remote shell scripts unquoted so that `~` expands there;
 # only these characters are accepted in them.

@@ -1,1 +1,0 @@
-"""Launchers: Cloud TPU (`python -m launch.tpu`) and Slurm GPU clusters (`python -m launch.slurm`)."""
