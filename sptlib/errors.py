@@ -8,6 +8,9 @@ exception is a bug and keeps its traceback.
 
     SptlibError
       ConfigError                  a config key, flag or workdir is wrong        (ValueError)
+        WorkdirOwnerError          a workdir (or a file in it) belongs to another user or
+                                   is a planted symlink; SPTLIB_ALLOW_FOREIGN_WORKDIR=1 accepts
+                                   another owner, never a symlink
       DataError                    a data file is missing or malformed           (ValueError)
       CheckpointError
         CheckpointMismatchError    a checkpoint was written by another config    (ValueError)
@@ -43,6 +46,19 @@ class SptlibError(Exception):
 
 class ConfigError(SptlibError, ValueError):
     """A config key, command-line flag or workdir is wrong (the message names it)."""
+
+
+class WorkdirOwnerError(ConfigError):
+    """The workdir, or a file sptlib writes in it, is not this user's own (another owner, a
+    planted symlink, extra hard links): nothing is written through it."""
+
+
+FOREIGN_ENV = "SPTLIB_ALLOW_FOREIGN_WORKDIR"
+
+
+def foreign_allowed() -> bool:
+    """True when SPTLIB_ALLOW_FOREIGN_WORKDIR=1: a workdir of another user is accepted."""
+    return os.environ.get(FOREIGN_ENV, "") not in ("", "0")
 
 
 class DataError(SptlibError, ValueError):
@@ -178,6 +194,11 @@ def write_error(e: OSError, path=None, *, under: bool = False) -> "WriteError":
         hint = f"; the file-size limit is {_fsize_limit()} (ulimit -f): raise it"
     elif e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
         hint = "; pick a writable --workdir"
+    elif e.errno == errno.ENAMETOOLONG:
+        hint = "; use a shorter --workdir"
+        where = f"{str(where)[:120]}... ({len(str(where))} characters)"
+    elif e.errno == errno.ELOOP:
+        hint = "; a symbolic link loop on the way: remove it"
     out = WriteError(f"cannot write {where}: {reason} (errno {e.errno}){hint}")
     out.errno = e.errno
     return out
@@ -203,7 +224,9 @@ def _fsize_limit() -> str:
     return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
 
 
-WRITE_ERRNOS = (28, 122, 27, 30)  # ENOSPC, EDQUOT, EFBIG, EROFS
+# ENOSPC, EDQUOT, EFBIG, EROFS, ENAMETOOLONG, EACCES, EPERM, ELOOP: a file that cannot be
+# written (orbax raises them from its background threads).
+WRITE_ERRNOS = (28, 122, 27, 30, 36, 13, 1, 40)
 
 
 def find_write_error(e: BaseException, where=None):
@@ -232,13 +255,44 @@ def find_write_error(e: BaseException, where=None):
     return None
 
 
+EXIT_GRACE_S = 10.0  # after the main thread ends, how long threads may hold the exit up
+
+
 def report(e: BaseException, prog: str, *, verbose=None, stream=None) -> int:
-    """Prints `prog: error: <one line>` (plus the traceback when asked); returns the exit code."""
+    """Prints `prog: error: <one line>` (plus the traceback when asked); returns the exit code.
+
+    Also arms `exit_guard`: a command line that reported an error exits, even when library
+    threads it cannot stop (orbax's background save threads after a failed write) would keep
+    the interpreter waiting for them forever."""
     stream = stream or sys.stderr
     if verbose if verbose is not None else wants_traceback():
         traceback.print_exception(type(e), e, e.__traceback__, file=stream)
     label = "stopped" if isinstance(e, StopError) else "error"
     stream.write(f"{prog}: {label}: {one_line(e)}\n")
     stream.flush()
-    return exit_code(e)
+    code = exit_code(e)
+    exit_guard(code)
+    return code
+
+
+def exit_guard(code: int, grace_s: float = None) -> None:
+    """Ends the process with `code` when, `grace_s` after its main thread finished (the
+    interpreter is joining the remaining threads), it is still alive. A daemon thread: it never
+    keeps a healthy process up, and does nothing while the main thread runs."""
+    import threading
+    grace = EXIT_GRACE_S if grace_s is None else grace_s
+
+    def watch():
+        import time
+        main = threading.main_thread()
+        main.join()
+        time.sleep(grace)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # pylint: disable=broad-except
+            pass
+        os._exit(code)
+
+    threading.Thread(target=watch, name="sptlib-exit-guard", daemon=True).start()
 

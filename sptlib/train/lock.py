@@ -6,6 +6,11 @@ exclusive `fcntl.flock` on it, which the kernel drops when the owner dies howeve
 over and says whose it was. A second run into a busy workdir stops before writing anything with
 one line naming the owner (`sptlib.errors.WorkdirBusyError`).
 
+The file is opened with `O_NOFOLLOW` and mode 0600: a symlink planted at its name (e.g. by
+another user of a shared `/tmp`) is refused, never written through, and so is a file with
+other hard links or another owner (`sptlib.errors.WorkdirOwnerError`;
+`SPTLIB_ALLOW_FOREIGN_WORKDIR=1` accepts another owner's file).
+
 Object-store workdirs (`gs://...`) and file systems without `flock` are not locked (a warning
 says so); in multi-process runs only process 0 takes the lock.
 """
@@ -13,12 +18,13 @@ says so); in multi-process runs only process 0 takes the lock.
 import json
 import os
 import socket
+import stat
 import sys
 import time
 
 from absl import logging
 
-from sptlib.errors import WorkdirBusyError
+from sptlib.errors import WorkdirBusyError, WorkdirOwnerError, foreign_allowed
 
 LOCK_FILE = ".sptlib.lock"
 
@@ -37,6 +43,30 @@ def _read(path) -> dict:
             return json.loads(f.read() or "{}")
     except (OSError, ValueError):
         return {}
+
+
+def _open_private(path) -> int:
+    """fd of the lock file `path` (created 0600), refusing what is not a plain file of ours."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                     0o600)
+    except OSError:
+        if os.path.islink(path):
+            raise WorkdirOwnerError(
+                f"{path} is a symbolic link (to {os.readlink(path)}), not sptlib's lock file: "
+                f"not following it. Someone else may have prepared this workdir; remove the "
+                f"link if you trust it, or use a folder of your own as --workdir") from None
+        raise
+    st = os.fstat(fd)
+    why = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
+           f"has {st.st_nlink} hard links" if st.st_nlink > 1 else
+           f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+           if st.st_uid != os.geteuid() and not foreign_allowed() else "")
+    if why:
+        os.close(fd)
+        raise WorkdirOwnerError(f"{path} {why}: not writing to it. Someone else may have "
+                                f"prepared this workdir; use a folder of your own as --workdir")
+    return fd
 
 
 class WorkdirLock:
@@ -58,7 +88,7 @@ class WorkdirLock:
             return self
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         for _ in range(10):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_private(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -21,11 +21,12 @@ or flag and what to do:
     most `FULL_PROBE` examples) decode.
 """
 
+import errno
 import json
 import math
 import os
+import tempfile
 import threading
-import uuid
 
 from absl import logging
 from etils import epath
@@ -34,7 +35,8 @@ import jax
 from sptlib import data as data_lib
 from sptlib import layers, objectives
 from sptlib.models import build
-from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
+from sptlib.errors import (FOREIGN_ENV, CheckpointMismatchError, ConfigError, DataError,
+                           ResultsError, WorkdirOwnerError, foreign_allowed)
 from sptlib.train import results as results_lib, sharding
 
 # Validation/test splits up to this size are decoded record by record (a corrupt or wrong-size
@@ -52,7 +54,7 @@ def check(config, workdir) -> dict:
 
     Returns the data's counted skips for the run's summary: `{"examples": {split: n},
     "truncated": {split: n}, "empty_images": n}`."""
-    check_workdir(workdir)
+    check_workdir(workdir, config.stage_order)
     check_stage_dirs(config, workdir)
     check_model(config.model)
     for name in config.stage_order:
@@ -64,24 +66,87 @@ def check(config, workdir) -> dict:
     return check_data(config)
 
 
-def check_workdir(workdir) -> None:
-    """The workdir is (or can be made) a folder this process can write to."""
+def check_workdir(workdir, stage_names=()) -> None:
+    """The workdir is (or can be made) a folder this process can write to, and its own: a
+    workdir of another user (e.g. prepared in a shared `/tmp`) is refused unless
+    SPTLIB_ALLOW_FOREIGN_WORKDIR=1; a symlink that leads nowhere (a loop) is named as such; the
+    files a run writes there fit the file system's name limits (`check_path_lengths`)."""
     text = str(workdir)
     if "://" in text:  # object stores: one listing, bounded in time (no network: minutes)
         _check_remote(text)
         return
     path = epath.Path(os.path.abspath(text))
+    check_path_lengths(str(path), stage_names)
+    _check_link(str(path), f"--workdir={text}")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--workdir={text}: is a file, not a folder; pass a folder (it is "
                           f"created if missing)")
+    _check_owner(str(path), f"--workdir={text}")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".sptlib-write-test-{uuid.uuid4().hex[:8]}"
-        probe.write_text("ok")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".sptlib-write-test-", dir=str(path))
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise ConfigError(f"--workdir={text}: cannot write there ({type(e).__name__}: "
                           f"{e.strerror or e}); pick a writable folder") from None
+
+
+def _check_link(path: str, what: str) -> None:
+    """A symlink at `path` that leads nowhere (a loop, a missing target) is a ConfigError."""
+    if os.path.islink(path) and not os.path.exists(path):
+        try:
+            os.stat(path)
+            why = "a missing target"
+        except OSError as e:
+            why = ("a loop" if e.errno == errno.ELOOP else e.strerror or str(e))
+        raise ConfigError(f"{what}: {path} is a symbolic link that leads nowhere ({why}: "
+                          f"-> {os.readlink(path)}); remove it or point it at a folder")
+
+
+def _check_owner(path: str, what: str) -> None:
+    """`path` (where it exists) belongs to this user, unless SPTLIB_ALLOW_FOREIGN_WORKDIR=1."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if st.st_uid != os.geteuid() and not foreign_allowed():
+        raise WorkdirOwnerError(
+            f"{what}: {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); "
+            f"another user may have prepared it (planted symlinks write outside it). Use a "
+            f"folder of your own, or set {FOREIGN_ENV}=1 if you trust it")
+
+
+# Longest path a run writes below `<workdir>/<stage>/`: orbax's temporary step folders and
+# OCDBT files (measured: `checkpoints/<step>.orbax-checkpoint-tmp-<n>/state/ocdbt.process_0/
+# d/<32 hex>` is under 120 characters), plus room for TensorBoard's host-named event files.
+RESERVED_PATH = 200
+
+
+def check_path_lengths(path: str, stage_names=()) -> None:
+    """Every component of `path` within the file system's NAME_MAX, and the files a run writes
+    below it (`RESERVED_PATH` more characters) within PATH_MAX: too long a path fails only at
+    the first checkpoint otherwise, inside orbax's threads."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        name_max = os.pathconf(probe or "/", "PC_NAME_MAX")
+        path_max = os.pathconf(probe or "/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.split(os.sep):
+        if len(part.encode()) > name_max:
+            raise ConfigError(f"--workdir={path[:80]}...: the folder name {part[:40]}... is "
+                              f"{len(part.encode())} bytes, the file system allows {name_max} "
+                              f"(NAME_MAX); use a shorter --workdir")
+    longest = len(path.encode()) + 1 + max([len(n) for n in stage_names] or [16]) + \
+        RESERVED_PATH
+    if longest > path_max:
+        raise ConfigError(f"--workdir={path[:80]}...: is {len(path.encode())} bytes long; the "
+                          f"checkpoints written below it would need paths of up to {longest} "
+                          f"bytes, the file system allows {path_max} (PATH_MAX); use a "
+                          f"--workdir under {path_max - longest + len(path.encode())} bytes")
 
 
 def _check_remote(text) -> None:
@@ -107,14 +172,23 @@ def _check_remote(text) -> None:
 
 
 def check_stage_dirs(config, workdir) -> None:
-    """Every stage's folder and its `checkpoints/`, where they exist, are folders."""
+    """Every stage's folder and its `checkpoints/`, where they exist, are folders, and not
+    symlinks that lead nowhere or that another user planted."""
     text = str(workdir)
     if "://" in text:
         return
     for name in config.stage_order:
         for path in (os.path.join(text, name), os.path.join(text, name, "checkpoints")):
+            path = os.path.abspath(path)
+            _check_link(path, f"stage {name!r}")
+            if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid() and \
+                    not foreign_allowed():
+                raise WorkdirOwnerError(
+                    f"{path}: a symbolic link (-> {os.readlink(path)}) of uid "
+                    f"{os.lstat(path).st_uid}, not yours: not writing through it; remove it, or "
+                    f"set {FOREIGN_ENV}=1 if you trust it")
             if os.path.exists(path) and not os.path.isdir(path):
-                raise ConfigError(f"{os.path.abspath(path)}: is a file, but stage {name!r} "
+                raise ConfigError(f"{path}: is a file, but stage {name!r} "
                                   f"needs a folder there; move it aside or use another "
                                   f"--workdir")
 
