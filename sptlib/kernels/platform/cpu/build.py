@@ -46,6 +46,7 @@ TARGETS = {
 }
 _lock = threading.Lock()
 _state = {}  # "ok": bool, "why": str (set once)
+_warned = set()  # unsafe cache folders already warned about
 
 
 def _compiler():
@@ -90,6 +91,9 @@ def _safe_cache_dir():
         return folder
     private = _default_cache()
     if folder != private and not _unsafe(private):
+        if folder in _warned:
+            return private
+        _warned.add(folder)
         logging.warning("sptlib: not using the native-kernel cache %s (%s): building into "
                         "%s instead.", folder, why, private)
         return private
@@ -175,8 +179,8 @@ def _compiler_version(cxx):
         return ""
 
 
-def build():
-    """Path of the compiled library (compiling it if needed); raises RuntimeError."""
+def library_path():
+    """(compiler, sources, the cache path of the library they build); raises RuntimeError."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found ($CXX, g++, c++ or clang++)")
@@ -190,7 +194,13 @@ def build():
     digest.update(repr((jaxlib.__version__, cxx, _compiler_version(cxx), _FLAGS,
                         _cpu_signature())).encode())
     out_dir = _safe_cache_dir()
-    lib = os.path.join(out_dir, f"sptlib_kernels-{digest.hexdigest()[:16]}.so")
+    return cxx, sources, os.path.join(out_dir, f"sptlib_kernels-{digest.hexdigest()[:16]}.so")
+
+
+def build():
+    """Path of the compiled, verified library (compiling it if needed); raises RuntimeError."""
+    cxx, sources, lib = library_path()
+    out_dir = os.path.dirname(lib)
     f, why = _open_verified(lib)
     if f is not None:
         f.close()
