@@ -149,6 +149,9 @@ def parse_absl_flags(argv, prog: str):
     """absl's flag parsing for `app.run(..., flags_parser=...)`, with one-line errors: a bad
     flag value, an unknown `--config.` key (with the key path) or an unloadable config file."""
     from absl import flags  # pylint: disable=import-outside-toplevel
+    error = _config_file_problem(argv) or _repeated_config_flag(argv)
+    if error is not None:
+        sys.exit(report(error, prog, verbose=wants_traceback(argv)))
     try:
         rest = flags.FLAGS(argv)
         for name in ("config",):  # ml_collections defers a config file's load error to its use
@@ -157,12 +160,25 @@ def parse_absl_flags(argv, prog: str):
         return rest
     except flags.Error as e:
         text = str(e)
+        where = _config_file_frame(argv, text)
+        if "must have a value other than None" in text and _config_path(argv):
+            text = (f"--config={_config_path(argv)}: get_config() returned None (a missing "
+                    f"return statement?)")
+        elif where and "Traceback (most recent call last)" in text:
+            text = f"{where}: {text.strip().splitlines()[-1].strip()} (in the --config file)"
         if "Traceback (most recent call last)" in text:  # get_config raised: keep its last line
             head = text.split("Traceback (most recent call last)")[0].strip().rstrip(":")
             text = f"{head}: {text.strip().splitlines()[-1].strip()}"
         error = ConfigError(f"{text}; see --helpfull")
     except (AttributeError, KeyError) as e:  # ml_collections: a locked config has no such key
         error = ConfigError(_unknown_key_message(e, argv))
+    except Exception as e:  # pylint: disable=broad-except  (raised while importing the file)
+        where = _config_file_frame(argv, "".join(traceback.format_exception(e)))
+        if not where:
+            raise
+        error = ConfigError(f"{where}: {type(e).__name__}: {e} (while loading the --config "
+                            f"file)")
+        error.__cause__ = e
     except OSError as e:  # the config file could not be loaded
         cause = e.__cause__ or e.__context__ or e
         files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
@@ -170,6 +186,64 @@ def parse_absl_flags(argv, prog: str):
                             f"({type(cause).__name__}: {cause})")
         error.__cause__ = e
     sys.exit(report(error, prog, verbose=wants_traceback(argv)))
+
+
+def _config_path(argv):
+    """The file of `--config=<file>[:arg]` (or `--config <file>`), or None."""
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return a.split("=", 1)[1].split(":")[0]
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1].split(":")[0]
+    return None
+
+
+def _config_file_frame(argv, text):
+    """`file:line` of the innermost traceback frame in the --config file, or None."""
+    path = _config_path(argv)
+    if not path:
+        return None
+    found = [m for m in re.finditer(r'File "([^"]+)", line (\d+)', text)
+             if os.path.abspath(m.group(1)) == os.path.abspath(path)]
+    return f"{path}:{found[-1].group(2)}" if found else None
+
+
+def _config_file_problem(argv):
+    """A ConfigError for a --config file that cannot be a config (a syntax error, no
+    `get_config`), found without running it; None otherwise."""
+    import ast
+    path = _config_path(argv)
+    if not path or not path.endswith(".py") or not os.path.isfile(path):
+        return None  # a missing file: ml_collections' own message names it
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except SyntaxError as e:
+        return ConfigError(f"{path}:{e.lineno}: SyntaxError: {e.msg} (in the --config file)")
+    except (OSError, ValueError) as e:
+        return ConfigError(f"--config={path}: cannot read the config file ({e})")
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | {
+        t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+        if isinstance(t, ast.Name)} | {
+        a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+        for a in n.names}
+    if "get_config" not in names:
+        return ConfigError(f"--config={path}: defines no get_config() function; a config file "
+                           f"returns its ConfigDict from get_config() (see experiments/smoke.py)")
+    return None
+
+
+def _repeated_config_flag(argv):
+    """A ConfigError for a `--config.<key>` given twice (absl would join or override)."""
+    seen = {}
+    for a in argv:
+        if a.startswith("--config.") and "=" in a:
+            key, value = a.split("=", 1)
+            if key in seen:
+                return ConfigError(f"{key} is given twice ({seen[key]!r}, then {value!r}); "
+                                   f"give it once (a tuple as one value: {key}=a,b)")
+            seen[key] = value
+    return None
 
 
 def exit_code(e: BaseException) -> int:

@@ -17,14 +17,16 @@ says so); in multi-process runs only process 0 takes the lock.
 
 import json
 import os
+import signal
 import socket
 import stat
 import sys
+import threading
 import time
 
 from absl import logging
 
-from sptlib.errors import WorkdirBusyError, WorkdirOwnerError, foreign_allowed
+from sptlib.errors import PreemptedError, WorkdirBusyError, WorkdirOwnerError, foreign_allowed
 
 LOCK_FILE = ".sptlib.lock"
 
@@ -124,9 +126,30 @@ class WorkdirLock:
         os.pwrite(fd, json.dumps(info).encode(), 0)
         os.fsync(fd)
         self._fd = fd
+        self._stop_on_sigterm()
         return self
 
+    def _stop_on_sigterm(self):
+        """While the lock is held, SIGTERM outside a stage's training loop (preflight, data
+        loading or generation, compilation) stops the run at once as a `PreemptedError`
+        (exit 3) instead of killing it, so the `finally` that releases the lock runs. (The
+        loop's own handler, `guards.StopFlag`, replaces this one while it trains.)"""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum, frame):  # pylint: disable=unused-argument
+            raise PreemptedError("stopped on request (SIGTERM) before a checkpoint of the "
+                                 "current stage could be saved; its last checkpoint is kept. "
+                                 "Run the same command to resume.", signum=signum)
+        try:
+            self._previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main interpreter
+            self._previous = None
+
     def release(self):
+        if getattr(self, "_previous", None) is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
         if self._fd is None:
             return
         try:
