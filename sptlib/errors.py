@@ -171,7 +171,7 @@ def parse_absl_flags(argv, prog: str):
             text = f"{head}: {text.strip().splitlines()[-1].strip()}"
         error = ConfigError(f"{text}; see --helpfull")
     except (AttributeError, KeyError) as e:  # ml_collections: a locked config has no such key
-        error = ConfigError(_unknown_key_message(e, argv))
+        error = ConfigError(_through_a_leaf(argv) or _unknown_key_message(e, argv))
     except Exception as e:  # pylint: disable=broad-except  (raised while importing the file)
         where = _config_file_frame(argv, "".join(traceback.format_exception(e)))
         if not where:
@@ -206,6 +206,39 @@ def _config_file_frame(argv, text):
     found = [m for m in re.finditer(r'File "([^"]+)", line (\d+)', text)
              if os.path.abspath(m.group(1)) == os.path.abspath(path)]
     return f"{path}:{found[-1].group(2)}" if found else None
+
+
+def _through_a_leaf(argv):
+    """For `--config.a.b.c=v` where `a.b` is a value (not a group): the one line that says so,
+    or None. (ml_collections reports the value's type name as the missing key.)"""
+    import importlib.util
+    path = _config_path(argv)
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location("_sptlib_config_probe", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        arg = next((a.split("=", 1)[1].split(":", 1)[1] for a in argv
+                    if a.startswith("--config=") and ":" in a.split("=", 1)[1]), None)
+        config = module.get_config(arg) if arg is not None else module.get_config()
+    except Exception:  # pylint: disable=broad-except
+        return None
+    for a in argv:
+        if not a.startswith("--config.") or "=" not in a:
+            continue
+        flag = a.split("=", 1)[0]
+        parts, node = flag[len("--config."):].split("."), config
+        for i, part in enumerate(parts[:-1]):
+            try:
+                node = node[part]
+            except (KeyError, TypeError, AttributeError):
+                break
+            if not hasattr(node, "keys"):
+                return (f"{flag}: config.{'.'.join(parts[:i + 1])} is a value "
+                        f"({type(node).__name__} {node!r}), not a group: it has no field "
+                        f"{parts[i + 1]!r}; docs/training.md lists every field")
+    return None
 
 
 def _config_file_problem(argv):

@@ -224,12 +224,37 @@ def upstream(config, stage_name, workdir):
     return {"checkpoint": str(step_dir), "fingerprint": fingerprint}
 
 
+def _set_aside_old_configs(config, stage_name, stage_dir) -> None:
+    """A stage starting from step 0 (no checkpoint to resume: a first run, or a rerun after it
+    diverged before its first good checkpoint) is trained by this config alone: an earlier
+    `config.json` (and `config.step<N>.json`) that differs is renamed `<name>.before-<time>`,
+    so that `config.json` records what the new checkpoints are trained with."""
+    stage_dir = epath.Path(stage_dir)
+    path, old = latest_config(stage_dir)
+    if old is None:
+        return
+    changes = config_changes(old, json.loads(_config_json(config)), stage_name)
+    if not changes:
+        return
+    stamp = int(time.time())
+    olds = [stage_dir / CONFIG_FILE] + [p for p in stage_dir.glob("config.step*.json")
+                                        if p.name[len("config.step"):-len(".json")].isdigit()]
+    for p in olds:
+        if p.exists() and jax.process_index() == 0:
+            p.replace(stage_dir / f"{p.name[:-len('.json')]}.before-{stamp}.json")
+    logging.warning("[%s] starting from step 0 (no checkpoint to resume) with another config "
+                    "than before (%s): %s. config.json records the new one; the earlier one is "
+                    "kept as config.before-%d.json.", stage_name, path, describe(changes), stamp)
+
+
 def record_start(config, stage_name, stage_dir, init_info) -> None:
     """`record_config`, and `inputs.json` when the stage starts from scratch or `init_from`
     (a resume keeps the record of what its checkpoints grew from)."""
-    record_config(config, stage_name, stage_dir, init_info.get("step"))
     if init_info["kind"] == "resume":
+        record_config(config, stage_name, stage_dir, init_info.get("step"))
         return
+    _set_aside_old_configs(config, stage_name, stage_dir)
+    record_config(config, stage_name, stage_dir)
     inputs = {"kind": init_info["kind"], "time": time.time()}
     if init_info["kind"] == "init_from":
         inputs["init_from"] = {k: init_info.get(k) for k in ("checkpoint", "fingerprint")}

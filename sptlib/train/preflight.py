@@ -63,7 +63,20 @@ def check(config, workdir) -> dict:
         check_optim(config, name)
     check_batch_sizes(config)
     check_saved_configs(config, workdir)
-    return check_data(config)
+    info = check_data(config)
+    check_batch_vs_data(config, info["examples"].get("train", 0))
+    return info
+
+
+def check_batch_vs_data(config, num_train) -> None:
+    """Warns (one line) when a stage's batch is larger than the training split: every batch
+    then repeats examples within itself, which is rarely what was meant."""
+    for name in config.stage_order:
+        bs = int(config.stages[name].batch_size)
+        if num_train and bs > num_train:
+            logging.warning("config.stages.%s.batch_size=%d is larger than the training split "
+                            "(%d examples): each batch repeats examples; lower the batch size "
+                            "or use more data.", name, bs, num_train)
 
 
 def check_workdir(workdir, stage_names=()) -> None:
@@ -226,12 +239,25 @@ def check_optim(config, name) -> None:
         if o.get(field) is not None:
             _at_least(f"{key}.{field}", o[field], 0)
     _choice(f"{key}.schedule", o.schedule, ("constant", "cosine"))
+    for field, why in (("b1", "Adam's first-moment decay"), ("b2", "Adam's second-moment decay; "
+                                                                  "1.0 divides by zero at step 1")):
+        if o.get(field) is not None and not 0.0 <= float(o[field]) < 1.0:
+            raise ConfigError(f"{key}.{field}={o[field]!r}: must be in [0, 1) ({why}; the paper "
+                              f"uses b1=0.9, b2=0.999)")
+    if o.get("eps") is not None and not float(o.eps) > 0:
+        raise ConfigError(f"{key}.eps={o.eps!r}: must be > 0")
+    if o.get("min_lr_ratio") is not None and float(o.min_lr_ratio) > 1:
+        raise ConfigError(f"{key}.min_lr_ratio={o.min_lr_ratio!r}: must be in [0, 1]")
 
 
 def check_objective(config, name) -> None:
     obj = config.stages[name].objective
     key = f"config.stages.{name}.objective"
     _choice(f"{key}.kind", obj.kind, objectives.KINDS)
+    smoothing = obj.get("label_smoothing")
+    if smoothing is not None and not 0.0 <= float(smoothing) < 1.0:
+        raise ConfigError(f"{key}.label_smoothing={smoothing!r}: must be in [0, 1) (the "
+                          f"weight moved from the true label to the uniform distribution)")
     if obj.kind not in ("masked", "causal"):
         return
     if obj.kind == "masked":
