@@ -296,7 +296,8 @@ def write_error(e: OSError, path=None, *, under: bool = False) -> "WriteError":
     reason = e.strerror or str(e)
     hint = ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = f"; {_free_space(target)} free there: free some space or use another --workdir"
+        hint = (f"; {_free_space(target)} free there: free some space or use another "
+                f"--workdir") if target != "?" else "; free some space or use another --workdir"
     elif e.errno == errno.EFBIG:
         hint = f"; the file-size limit is {_fsize_limit()} (ulimit -f): raise it"
     elif e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):

@@ -301,3 +301,30 @@ def finite(value) -> bool:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
+
+
+def previous_layout(stage_dir):
+    """{"devices", "mesh"} the stage last started on (its `resolved.json`), or None."""
+    path = epath.Path(stage_dir) / "resolved.json"
+    try:
+        old = results_lib.read_json(path) if path.exists() else None
+    except ResultsError:
+        return None
+    return {"devices": old.get("devices"), "mesh": old.get("mesh")} \
+        if isinstance(old, dict) else None
+
+
+def note_layout(init_info, before, resolved, stage_name) -> None:
+    """Records in `init_info` (hence results.json's `init`) a resume on another device count or
+    mesh than the stage last ran on, with a warning: the data order and the reductions' rounding
+    then differ from an uninterrupted run."""
+    now = {"devices": resolved.num_devices,
+           "mesh": {k: int(v) for k, v in resolved.mesh.shape.items()}}
+    if init_info.get("kind") != "resume" or not before or before == now:
+        return
+    init_info["layout_changed"] = {"before": before, "now": now}
+    logging.warning("[%s] resuming on %s devices (mesh %s), the stage last ran on %s (mesh %s): "
+                    "recorded in results.json init.layout_changed; the run is no longer "
+                    "bit-identical to an uninterrupted one.", stage_name, now["devices"],
+                    now["mesh"], before.get("devices"), before.get("mesh"))
+

@@ -33,6 +33,7 @@ from etils import epath
 import jax
 
 from sptlib import data as data_lib
+from sptlib import errors
 from sptlib import layers, objectives
 from sptlib.models import build
 from sptlib.errors import (FOREIGN_ENV, CheckpointMismatchError, ConfigError, DataError,
@@ -381,11 +382,22 @@ def check_data(config) -> dict:
                           f"{config.data.task!r} reads its files from there; give the folder "
                           f"(e.g. --config.data.lra_dir=lra_release)")
     where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
+    lra_dir = str(config.data.get("lra_dir") or "")
+    if lra_dir and "://" not in lra_dir:
+        _check_link(os.path.abspath(lra_dir), "config.data.lra_dir")
+        if os.path.isdir(lra_dir):
+            for entry in os.scandir(lra_dir):
+                _check_link(entry.path, "config.data.lra_dir")
     try:
         task = data_lib.get_task(config.data)  # generates the data when configured to
         counts = {split: _probe(task, split, where) for split in ("train", "validation", "test")}
     except (DataError, ConfigError):
         raise
+    except OSError as e:  # e.g. a full disk while the data is generated
+        found = errors.find_write_error(e, os.path.abspath(lra_dir) if lra_dir else None)
+        if found is None:
+            raise
+        raise found from e
     except ValueError as e:  # the data builders' own checks (task, input_type, fraction, ...)
         raise ConfigError(f"config.data: {e}") from e
     empty = int(getattr(task.source("train"), "num_empty", 0))

@@ -67,11 +67,13 @@ def write_private_then_replace(path: str, data: bytes, mode: Optional[int] = Non
             f.write(data)
             os.fchmod(f.fileno(), 0o666 & ~_umask() if mode is None else mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename in (None, tmp):
+            e.filename = path  # a full disk names the file meant, not the temporary
         raise
 
 
