@@ -3,8 +3,10 @@ and asserts the outcome, either a recovery whose `params_fingerprint` equals the
 run's, or the exact one-line error and its exit status, with nothing lost.
 
 Rows append `{"group", "case", "outcome"}` to the JSON-lines file named by SPTLIB_FAULTS_LOG;
-`python tests/test_faults.py LOG` (from the repo root) then rewrites the faults section of docs/bad_inputs.md from it
-(run the whole table, slow rows included, with `-m "slow or not slow"`).
+`python tests/test_faults.py LOG` (from the repo root) then rewrites the faults section of
+docs/bad_inputs.md from it (run the whole table, slow rows included, with `-m "slow or not slow"`;
+rows a partial run did not reach keep their earlier outcome). tests/test_hostile_*.py add rows
+to the same table. Every row runs beside a decoy tree that must be unchanged afterwards.
 """
 
 import errno
@@ -887,9 +889,25 @@ def _decoy_beside_the_workdir(tmp_path):
 BEGIN, END = "<!-- faults:begin -->", "<!-- faults:end -->"
 
 
+def _section_rows(text):
+    """[(group, case, outcome)] of the faults section already in the doc."""
+    if BEGIN not in text:
+        return []
+    rows, group = [], None
+    for ln in text[text.index(BEGIN) + len(BEGIN):text.index(END)].splitlines():
+        if ln.startswith("### "):
+            group = ln[4:].strip()
+        elif ln.startswith("- ") and " — " in ln and group:
+            case, outcome = ln[2:].split(" — ", 1)
+            rows.append((group, case, outcome))
+    return rows
+
+
 def write_doc(log, doc=ROOT / "docs" / "bad_inputs.md"):
+    """Rewrites the faults section from `log`; rows the log does not have (a partial run, e.g.
+    without the slow ones) keep their earlier outcome."""
     import re
-    latest = {}
+    latest = {(g, c): o for g, c, o in _section_rows(doc.read_text())}
     for ln in open(log):
         if ln.strip():
             r = json.loads(ln)

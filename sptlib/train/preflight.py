@@ -131,9 +131,10 @@ def _check_owner(path: str, what: str) -> None:
             f"folder of your own, or set {FOREIGN_ENV}=1 if you trust it")
 
 
-# Longest path a run writes below `<workdir>/<stage>/`: orbax's temporary step folders and
-# OCDBT files (measured: `checkpoints/<step>.orbax-checkpoint-tmp-<n>/state/ocdbt.process_0/
-# d/<32 hex>` is under 120 characters), plus room for TensorBoard's host-named event files.
+# Room for the paths a run writes below `<workdir>/<stage>/`: a checkpoint's OCDBT data file,
+# `checkpoints/<step>/state/ocdbt.process_0/d/<32 hex>`, is 72 characters at step 4 (measured);
+# orbax's temporary step folders (`<step>.orbax-checkpoint-tmp-<n>`) and 7-digit steps add about
+# 40, TensorBoard's event files carry the host name (up to 64).
 RESERVED_PATH = 200
 
 
