@@ -800,7 +800,8 @@ def test_disk_full_while_data_is_generated_names_the_folder(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-_GENERATE = ("import sys; from sptlib.data import get_task, data_config; c = data_config(); "
+_GENERATE = ("import logging, sys; logging.basicConfig(level=logging.INFO); "
+             "from sptlib.data import get_task, data_config; c = data_config(); "
              "c.update(task='listops', lra_dir=sys.argv[1], max_length=64); "
              "c.generate.update(enabled=True, num_train=1500, num_val=20, num_test=20, "
              "min_length=10, max_length=64); get_task(c); print('ok')")
@@ -832,6 +833,8 @@ def test_sigterm_during_preflight_exits_3_and_releases_the_lock(lra, tmp_path):
                             stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(wd / lock_lib.LOCK_FILE, proc, timeout=200)
+        while '"pid"' not in (wd / lock_lib.LOCK_FILE).read_text():  # the owner is recorded
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

@@ -80,6 +80,14 @@ class WorkdirLock:
         self._fd = None
 
     def acquire(self):
+        self._stop_on_sigterm()  # from here on a SIGTERM is a PreemptedError
+        try:
+            return self._acquire()
+        except BaseException:
+            self.release()  # the handler, and the file if it was ours already
+            raise
+
+    def _acquire(self):
         if "://" in self.workdir:
             logging.warning("%s is an object store: not locked against a second run.",
                             self.workdir)
@@ -111,6 +119,7 @@ class WorkdirLock:
             except FileNotFoundError:
                 same = False
             if same:
+                self._fd = fd  # ours: release() removes it, whatever happens next
                 break
             os.close(fd)
         else:
@@ -124,9 +133,8 @@ class WorkdirLock:
                 "argv": sys.argv}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
-        os.fsync(fd)
         self._fd = fd
-        self._stop_on_sigterm()
+        os.fsync(fd)
         return self
 
     def _stop_on_sigterm(self):
