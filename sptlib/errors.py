@@ -208,9 +208,8 @@ def _config_file_frame(argv, text):
     return f"{path}:{found[-1].group(2)}" if found else None
 
 
-def _through_a_leaf(argv):
-    """For `--config.a.b.c=v` where `a.b` is a value (not a group): the one line that says so,
-    or None. (ml_collections reports the value's type name as the missing key.)"""
+def _load_config(argv):
+    """The --config file's ConfigDict (its `get_config()`), or None when it cannot be had."""
     import importlib.util
     path = _config_path(argv)
     if not path or not os.path.isfile(path):
@@ -221,8 +220,16 @@ def _through_a_leaf(argv):
         spec.loader.exec_module(module)
         arg = next((a.split("=", 1)[1].split(":", 1)[1] for a in argv
                     if a.startswith("--config=") and ":" in a.split("=", 1)[1]), None)
-        config = module.get_config(arg) if arg is not None else module.get_config()
+        return module.get_config(arg) if arg is not None else module.get_config()
     except Exception:  # pylint: disable=broad-except
+        return None
+
+
+def _through_a_leaf(argv):
+    """For `--config.a.b.c=v` where `a.b` is a value (not a group): the one line that says so,
+    or None. (ml_collections reports the value's type name as the missing key.)"""
+    config = _load_config(argv)
+    if config is None:
         return None
     for a in argv:
         if not a.startswith("--config.") or "=" not in a:
@@ -267,15 +274,33 @@ def _config_file_problem(argv):
 
 
 def _repeated_config_flag(argv):
-    """A ConfigError for a `--config.<key>` given twice (absl would join or override)."""
-    seen = {}
+    """A ConfigError for a tuple-valued `--config.<key>` given twice: absl would join the two
+    values (`--config.stage_order` twice runs both stages). A scalar given twice keeps the
+    last value, as absl does."""
+    seen, repeated = {}, {}
     for a in argv:
         if a.startswith("--config.") and "=" in a:
             key, value = a.split("=", 1)
             if key in seen:
-                return ConfigError(f"{key} is given twice ({seen[key]!r}, then {value!r}); "
-                                   f"give it once (a tuple as one value: {key}=a,b)")
+                repeated.setdefault(key, seen[key])
+                repeated[key + " then"] = value
             seen[key] = value
+    keys = [k for k in repeated if not k.endswith(" then")]
+    if not keys:
+        return None
+    config = _load_config(argv)
+    for key in keys:
+        node = config
+        for part in key[len("--config."):].split("."):
+            try:
+                node = node[part]
+            except (KeyError, TypeError, AttributeError):
+                node = None
+                break
+        if isinstance(node, (tuple, list)):
+            return ConfigError(f"{key} is given twice ({repeated[key]!r}, then "
+                               f"{repeated[key + ' then']!r}), which would join the values; "
+                               f"give it once (a tuple as one value: {key}=a,b)")
     return None
 
 

@@ -683,7 +683,7 @@ def test_config_file_errors_are_one_line_with_file_and_line(tmp_path, case, text
     (["--config.stages.scratch.optim.lr.foo=1"],
      "--config.stages.scratch.optim.lr.foo: config.stages.scratch.optim.lr is a value (float "),
     (["--config.stage_order=scratch", "--config.stage_order=pretrain"],
-     "--config.stage_order is given twice ('scratch', then 'pretrain'); give it once"),
+     "--config.stage_order is given twice ('scratch', then 'pretrain'), which would join"),
 ], ids=["through a value", "repeated"])
 def test_config_flag_errors_name_the_flag(tmp_path, flags, needle):
     line = _one_line(_cli(["--config=experiments/smoke.py", f"--workdir={tmp_path / 'wd'}",
