@@ -300,3 +300,30 @@ def test_deleted_best_checkpoint_is_recomputed_with_a_warning(lra, tmp_path, cap
     record("hostile", "the best checkpoint's folder deleted before the run ends",
            "HELD: best_step recomputed from the checkpoints that exist (4), warning names the "
            "missing step 2; history.json keeps it")
+
+
+def test_best_checkpoint_deleted_mid_run(lra, tmp_path, caplog, monkeypatch):
+    """The issue's case inside one run: the best checkpoint's folder (step 2, lr=0 so every
+    evaluation ties) deleted while the run goes on; the manager still lists it. The run ends
+    with exit status 0, a best that exists and a warning naming step 2."""
+    from sptlib.train import checkpoint as ckpt_lib
+    c = _config(lra, num_steps=6, keep=5)
+    c.stages.scratch.optim.update(lr=0.0, warmup_steps=0, schedule="constant")
+    wd = tmp_path / "wd"
+    real = ckpt_lib.StageCheckpointer.save
+
+    def save(self, step, *a, **k):
+        out = real(self, step, *a, **k)
+        if step == 4:
+            self.wait_until_finished()
+            shutil.rmtree(wd / "scratch" / "checkpoints" / "2")
+        return out
+    monkeypatch.setattr(ckpt_lib.StageCheckpointer, "save", save)
+    with caplog.at_level(logging.WARNING):
+        res = stages.run(c, str(wd))["stages"]["scratch"]
+    assert res.finished and res.best_step == 4
+    assert (wd / "scratch" / "checkpoints" / "4").is_dir()
+    assert [h["step"] for h in res.history] == [2, 4, 6]
+    assert "the best checkpoint, step 2 (validation accuracy=" in caplog.text, caplog.text
+    record("hostile", "the best checkpoint's folder deleted mid-run (the manager still lists "
+           "it)", "HELD: exit 0, best_step 4 (exists), warning names the missing step 2")

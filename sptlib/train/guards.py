@@ -30,6 +30,7 @@ import numpy as np
 
 from sptlib.errors import PreemptedError, ResultsError, WriteError
 from sptlib.train import digest as digest_lib
+from sptlib.train.checkpoint import score_of
 from sptlib.train import results as results_lib
 
 CONFIG_FILE = "config.json"
@@ -327,4 +328,22 @@ def note_layout(init_info, before, resolved, stage_name) -> None:
                     "recorded in results.json init.layout_changed; the run is no longer "
                     "bit-identical to an uninterrupted one.", stage_name, now["devices"],
                     now["mesh"], before.get("devices"), before.get("mesh"))
+
+
+def warn_missing_best(stage, name, history, ckpt, best_step) -> None:
+    """Warns when the history's best evaluation has no checkpoint any more (deleted or moved
+    aside): "best" is then the best of the checkpoints that exist (`best_step`); the history
+    keeps the truth."""
+    scored = [(score_of(h, stage.best_metric, stage.best_mode), -h["step"], h["step"])
+              for h in history if stage.best_metric in h]
+    if not scored:
+        return
+    score, _, truth = max(scored)
+    if truth == best_step or truth in ckpt.all_steps() or not math.isfinite(score):
+        return
+    value = next(h[stage.best_metric] for h in history if h["step"] == truth)
+    logging.warning("[%s] the best checkpoint, step %d (validation %s=%.4g in history.json), is "
+                    "gone from %s (deleted or moved aside): best_step is recomputed among the "
+                    "checkpoints that exist (step %s); history.json keeps step %d's metrics.",
+                    name, truth, stage.best_metric, value, ckpt.directory, best_step, truth)
 

@@ -406,24 +406,6 @@ class _Run:
         return val
 
 
-def _warn_missing_best(run: _Run, best_step):
-    """Warns when the history's best evaluation has no checkpoint any more (deleted or moved
-    aside): "best" is then the best of the checkpoints that exist; the history keeps the truth."""
-    stage = run.stage
-    scored = [(ckpt_lib.score_of(h, stage.best_metric, stage.best_mode), -h["step"], h["step"])
-              for h in run.history if stage.best_metric in h]
-    if not scored:
-        return
-    score, _, truth = max(scored)
-    if truth == best_step or truth in run.ckpt.all_steps() or not math.isfinite(score):
-        return
-    value = next(h[stage.best_metric] for h in run.history if h["step"] == truth)
-    logging.warning("[%s] the best checkpoint, step %d (validation %s=%.4g in %s), is gone from "
-                    "%s (deleted or moved aside): best_step is recomputed among the checkpoints "
-                    "that exist (step %s); history.json keeps step %d's metrics.", run.name,
-                    truth, stage.best_metric, value, run.history_path.name, run.ckpt.directory, best_step, truth)
-
-
 def final_evaluation(run: _Run, state) -> StageResults:
     """Validation and test metrics of the last and the best checkpoint; the stage's results
     (without `init`, `num_params`, `flops_per_step`)."""
@@ -436,7 +418,7 @@ def final_evaluation(run: _Run, state) -> StageResults:
     last_metrics = {"validation": last_val[1], "test": evaluate(state, "test")}
     fingerprint = steps.params_fingerprint(state.params)
     best_step = run.ckpt.best_step()
-    _warn_missing_best(run, best_step)
+    guards.warn_missing_best(run.stage, run.name, run.history, run.ckpt, best_step)
     if best_step is None or best_step == step:
         best_step = step
         best_metrics = last_metrics
