@@ -57,7 +57,7 @@ def folder_lock(parent: str, name: str):
         yield
         return
     fd = os.open(os.path.join(parent, f".{name}.lock"),
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+                 os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
