@@ -660,9 +660,9 @@ CONFIG_FILES = [
      ":1: ModuleNotFoundError: No module named 'nosuchmodule_xyz'"),
     ("raises in get_config", "def get_config():\n    x = 1\n    raise ValueError('boom')\n",
      ":3: ValueError: boom"),
-    ("syntax error", "def get_config(:\n    pass\n", ":1: SyntaxError: "),
-    ("no get_config", "X = 1\n", ": defines no get_config() function"),
-    ("get_config returns None", "def get_config():\n    return None\n",
+    ("has a syntax error", "def get_config(:\n    pass\n", ":1: SyntaxError: "),
+    ("has no get_config", "X = 1\n", ": defines no get_config() function"),
+    ("returns None from get_config", "def get_config():\n    return None\n",
      ": get_config() returned None (a missing return statement?)"),
 ]
 
@@ -914,7 +914,7 @@ def write_doc(log, doc=ROOT / "docs" / "bad_inputs.md"):
     for ln in open(log):
         if ln.strip():
             r = json.loads(ln)
-            latest.pop((r["group"], r["case"]), None)  # the last run of a case is kept
+            # The last run of a case is kept, in the place the case had.
             latest[(r["group"], r["case"])] = re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/"
                                                      r"(popen-gw\d+/)?", "<tmp>/", r["outcome"])
     lines = []
