@@ -719,6 +719,7 @@ def test_batch_larger_than_the_training_split_is_warned(lra, tmp_path, caplog):
            f"warning (one line), the run goes on: {line}")
 
 
+@pytest.mark.slow
 def test_diverged_stage_rerun_with_a_sane_lr_records_its_config(lra, tmp_path, caplog):
     """lr=1e10 diverges on its first step (no checkpoint kept); the rerun with lr=3e-3 starts
     from step 0: its config.json is the new one, the diverged attempt's is kept beside it."""

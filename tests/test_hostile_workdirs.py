@@ -279,6 +279,7 @@ def test_read_only_checkpoints_mid_run_is_one_line(lra, tmp_path):
 
 # -- the best checkpoint deleted ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_deleted_best_checkpoint_is_recomputed_with_a_warning(lra, tmp_path, caplog):
     """lr=0: every evaluation scores the same, so the best is the first (step 2). Its folder is
     deleted before the run finishes: results.json names an existing best (step 4) and a warning
