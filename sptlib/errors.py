@@ -172,18 +172,18 @@ def parse_absl_flags(argv, prog: str):
         error = ConfigError(f"{text}; see --helpfull")
     except (AttributeError, KeyError) as e:  # ml_collections: a locked config has no such key
         error = ConfigError(_through_a_leaf(argv) or _unknown_key_message(e, argv))
+    except OSError as e:  # the config file could not be loaded
+        cause = e.__cause__ or e.__context__ or e
+        files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+        error = ConfigError(f"--config={files[0] if files else '?'}: cannot load the config file "
+                            f"({type(cause).__name__}: {cause})")
+        error.__cause__ = e
     except Exception as e:  # pylint: disable=broad-except  (raised while importing the file)
         where = _config_file_frame(argv, "".join(traceback.format_exception(e)))
         if not where:
             raise
         error = ConfigError(f"{where}: {type(e).__name__}: {e} (while loading the --config "
                             f"file)")
-        error.__cause__ = e
-    except OSError as e:  # the config file could not be loaded
-        cause = e.__cause__ or e.__context__ or e
-        files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-        error = ConfigError(f"--config={files[0] if files else '?'}: cannot load the config file "
-                            f"({type(cause).__name__}: {cause})")
         error.__cause__ = e
     sys.exit(report(error, prog, verbose=wants_traceback(argv)))
 
