@@ -679,6 +679,14 @@ def test_config_file_errors_are_one_line_with_file_and_line(tmp_path, case, text
            f"one line, exit 2: {line.replace(str(tmp_path), '<tmp>')}")
 
 
+def test_missing_config_file_is_one_line(tmp_path):
+    line = _one_line(_cli([f"--config={tmp_path / 'nosuch.py'}", f"--workdir={tmp_path / 'wd'}"],
+                          timeout=120))
+    assert f"--config={tmp_path / 'nosuch.py'}: cannot load the config file" in line, line
+    record("config files", "--config file that does not exist (CLI)",
+           f"one line, exit 2: {line.replace(str(tmp_path), '<tmp>')[:200]}")
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--config.stages.scratch.optim.lr.foo=1"],
      "--config.stages.scratch.optim.lr.foo: config.stages.scratch.optim.lr is a value (float "),
