@@ -8,6 +8,9 @@ exception is a bug and keeps its traceback.
 
     SptlibError
       ConfigError                  a config key, flag or workdir is wrong        (ValueError)
+        WorkdirOwnerError          a workdir (or a file in it) belongs to another user or
+                                   is a planted symlink; SPTLIB_ALLOW_FOREIGN_WORKDIR=1 accepts
+                                   another owner, never a symlink
       DataError                    a data file is missing or malformed           (ValueError)
       CheckpointError
         CheckpointMismatchError    a checkpoint was written by another config    (ValueError)
@@ -43,6 +46,19 @@ class SptlibError(Exception):
 
 class ConfigError(SptlibError, ValueError):
     """A config key, command-line flag or workdir is wrong (the message names it)."""
+
+
+class WorkdirOwnerError(ConfigError):
+    """The workdir, or a file sptlib writes in it, is not this user's own (another owner, a
+    planted symlink, extra hard links): nothing is written through it."""
+
+
+FOREIGN_ENV = "SPTLIB_ALLOW_FOREIGN_WORKDIR"
+
+
+def foreign_allowed() -> bool:
+    """True when SPTLIB_ALLOW_FOREIGN_WORKDIR=1: a workdir of another user is accepted."""
+    return os.environ.get(FOREIGN_ENV, "") not in ("", "0")
 
 
 class DataError(SptlibError, ValueError):
@@ -133,6 +149,9 @@ def parse_absl_flags(argv, prog: str):
     """absl's flag parsing for `app.run(..., flags_parser=...)`, with one-line errors: a bad
     flag value, an unknown `--config.` key (with the key path) or an unloadable config file."""
     from absl import flags  # pylint: disable=import-outside-toplevel
+    error = _config_file_problem(argv) or _repeated_config_flag(argv)
+    if error is not None:
+        sys.exit(report(error, prog, verbose=wants_traceback(argv)))
     try:
         rest = flags.FLAGS(argv)
         for name in ("config",):  # ml_collections defers a config file's load error to its use
@@ -141,19 +160,148 @@ def parse_absl_flags(argv, prog: str):
         return rest
     except flags.Error as e:
         text = str(e)
+        where = _config_file_frame(argv, text)
+        if "must have a value other than None" in text and _config_path(argv):
+            text = (f"--config={_config_path(argv)}: get_config() returned None (a missing "
+                    f"return statement?)")
+        elif where and "Traceback (most recent call last)" in text:
+            text = f"{where}: {text.strip().splitlines()[-1].strip()} (in the --config file)"
         if "Traceback (most recent call last)" in text:  # get_config raised: keep its last line
             head = text.split("Traceback (most recent call last)")[0].strip().rstrip(":")
             text = f"{head}: {text.strip().splitlines()[-1].strip()}"
         error = ConfigError(f"{text}; see --helpfull")
     except (AttributeError, KeyError) as e:  # ml_collections: a locked config has no such key
-        error = ConfigError(_unknown_key_message(e, argv))
+        error = ConfigError(_through_a_leaf(argv) or _unknown_key_message(e, argv))
     except OSError as e:  # the config file could not be loaded
         cause = e.__cause__ or e.__context__ or e
         files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
         error = ConfigError(f"--config={files[0] if files else '?'}: cannot load the config file "
                             f"({type(cause).__name__}: {cause})")
         error.__cause__ = e
+    except Exception as e:  # pylint: disable=broad-except  (raised while importing the file)
+        where = _config_file_frame(argv, "".join(traceback.format_exception(e)))
+        if not where:
+            raise
+        error = ConfigError(f"{where}: {type(e).__name__}: {e} (while loading the --config "
+                            f"file)")
+        error.__cause__ = e
     sys.exit(report(error, prog, verbose=wants_traceback(argv)))
+
+
+def _config_path(argv):
+    """The file of `--config=<file>[:arg]` (or `--config <file>`), or None."""
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return a.split("=", 1)[1].split(":")[0]
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1].split(":")[0]
+    return None
+
+
+def _config_file_frame(argv, text):
+    """`file:line` of the innermost traceback frame in the --config file, or None."""
+    path = _config_path(argv)
+    if not path:
+        return None
+    found = [m for m in re.finditer(r'File "([^"]+)", line (\d+)', text)
+             if os.path.abspath(m.group(1)) == os.path.abspath(path)]
+    return f"{path}:{found[-1].group(2)}" if found else None
+
+
+def _load_config(argv):
+    """The --config file's ConfigDict (its `get_config()`), or None when it cannot be had."""
+    import importlib.util
+    path = _config_path(argv)
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location("_sptlib_config_probe", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        arg = next((a.split("=", 1)[1].split(":", 1)[1] for a in argv
+                    if a.startswith("--config=") and ":" in a.split("=", 1)[1]), None)
+        return module.get_config(arg) if arg is not None else module.get_config()
+    except Exception:  # pylint: disable=broad-except
+        return None
+
+
+def _through_a_leaf(argv):
+    """For `--config.a.b.c=v` where `a.b` is a value (not a group): the one line that says so,
+    or None. (ml_collections reports the value's type name as the missing key.)"""
+    config = _load_config(argv)
+    if config is None:
+        return None
+    for a in argv:
+        if not a.startswith("--config.") or "=" not in a:
+            continue
+        flag = a.split("=", 1)[0]
+        parts, node = flag[len("--config."):].split("."), config
+        for i, part in enumerate(parts[:-1]):
+            try:
+                node = node[part]
+            except (KeyError, TypeError, AttributeError):
+                break
+            if not hasattr(node, "keys"):
+                return (f"{flag}: config.{'.'.join(parts[:i + 1])} is a value "
+                        f"({type(node).__name__} {node!r}), not a group: it has no field "
+                        f"{parts[i + 1]!r}; docs/training.md lists every field")
+    return None
+
+
+def _config_file_problem(argv):
+    """A ConfigError for a --config file that cannot be a config (a syntax error, no
+    `get_config`), found without running it; None otherwise."""
+    import ast
+    path = _config_path(argv)
+    if not path or not path.endswith(".py") or not os.path.isfile(path):
+        return None  # a missing file: ml_collections' own message names it
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except SyntaxError as e:
+        return ConfigError(f"{path}:{e.lineno}: SyntaxError: {e.msg} (in the --config file)")
+    except (OSError, ValueError) as e:
+        return ConfigError(f"--config={path}: cannot read the config file ({e})")
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | {
+        t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+        if isinstance(t, ast.Name)} | {
+        a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+        for a in n.names}
+    if "get_config" not in names:
+        return ConfigError(f"--config={path}: defines no get_config() function; a config file "
+                           f"returns its ConfigDict from get_config() (see experiments/smoke.py)")
+    return None
+
+
+def _repeated_config_flag(argv):
+    """A ConfigError for a tuple-valued `--config.<key>` given twice: absl would join the two
+    values (`--config.stage_order` twice runs both stages). A scalar given twice keeps the
+    last value, as absl does."""
+    seen, repeated = {}, {}
+    for a in argv:
+        if a.startswith("--config.") and "=" in a:
+            key, value = a.split("=", 1)
+            if key in seen:
+                repeated.setdefault(key, seen[key])
+                repeated[key + " then"] = value
+            seen[key] = value
+    keys = [k for k in repeated if not k.endswith(" then")]
+    if not keys:
+        return None
+    config = _load_config(argv)
+    for key in keys:
+        node = config
+        for part in key[len("--config."):].split("."):
+            try:
+                node = node[part]
+            except (KeyError, TypeError, AttributeError):
+                node = None
+                break
+        if isinstance(node, (tuple, list)):
+            return ConfigError(f"{key} is given twice ({repeated[key]!r}, then "
+                               f"{repeated[key + ' then']!r}), which would join the values; "
+                               f"give it once (a tuple as one value: {key}=a,b)")
+    return None
 
 
 def exit_code(e: BaseException) -> int:
@@ -173,11 +321,17 @@ def write_error(e: OSError, path=None, *, under: bool = False) -> "WriteError":
     reason = e.strerror or str(e)
     hint = ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = f"; {_free_space(target)} free there: free some space or use another --workdir"
+        hint = (f"; {_free_space(target)} free there: free some space or use another "
+                f"--workdir") if target != "?" else "; free some space or use another --workdir"
     elif e.errno == errno.EFBIG:
         hint = f"; the file-size limit is {_fsize_limit()} (ulimit -f): raise it"
     elif e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
         hint = "; pick a writable --workdir"
+    elif e.errno == errno.ENAMETOOLONG:
+        hint = "; use a shorter --workdir"
+        where = f"{str(where)[:120]}... ({len(str(where))} characters)"
+    elif e.errno == errno.ELOOP:
+        hint = "; a symbolic link loop on the way: remove it"
     out = WriteError(f"cannot write {where}: {reason} (errno {e.errno}){hint}")
     out.errno = e.errno
     return out
@@ -203,7 +357,9 @@ def _fsize_limit() -> str:
     return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
 
 
-WRITE_ERRNOS = (28, 122, 27, 30)  # ENOSPC, EDQUOT, EFBIG, EROFS
+# ENOSPC, EDQUOT, EFBIG, EROFS, ENAMETOOLONG, EACCES, EPERM, ELOOP: a file that cannot be
+# written (orbax raises them from its background threads).
+WRITE_ERRNOS = (28, 122, 27, 30, 36, 13, 1, 40)
 
 
 def find_write_error(e: BaseException, where=None):
@@ -232,13 +388,44 @@ def find_write_error(e: BaseException, where=None):
     return None
 
 
+EXIT_GRACE_S = 10.0  # after the main thread ends, how long threads may hold the exit up
+
+
 def report(e: BaseException, prog: str, *, verbose=None, stream=None) -> int:
-    """Prints `prog: error: <one line>` (plus the traceback when asked); returns the exit code."""
+    """Prints `prog: error: <one line>` (plus the traceback when asked); returns the exit code.
+
+    Also arms `exit_guard`: a command line that reported an error exits, even when library
+    threads it cannot stop (orbax's background save threads after a failed write) would keep
+    the interpreter waiting for them forever."""
     stream = stream or sys.stderr
     if verbose if verbose is not None else wants_traceback():
         traceback.print_exception(type(e), e, e.__traceback__, file=stream)
     label = "stopped" if isinstance(e, StopError) else "error"
     stream.write(f"{prog}: {label}: {one_line(e)}\n")
     stream.flush()
-    return exit_code(e)
+    code = exit_code(e)
+    exit_guard(code)
+    return code
+
+
+def exit_guard(code: int, grace_s: float = None) -> None:
+    """Ends the process with `code` when, `grace_s` after its main thread finished (the
+    interpreter is joining the remaining threads), it is still alive. A daemon thread: it never
+    keeps a healthy process up, and does nothing while the main thread runs."""
+    import threading
+    grace = EXIT_GRACE_S if grace_s is None else grace_s
+
+    def watch():
+        import time
+        main = threading.main_thread()
+        main.join()
+        time.sleep(grace)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # pylint: disable=broad-except
+            pass
+        os._exit(code)
+
+    threading.Thread(target=watch, name="sptlib-exit-guard", daemon=True).start()
 

@@ -3,8 +3,10 @@ and asserts the outcome, either a recovery whose `params_fingerprint` equals the
 run's, or the exact one-line error and its exit status, with nothing lost.
 
 Rows append `{"group", "case", "outcome"}` to the JSON-lines file named by SPTLIB_FAULTS_LOG;
-`python tests/test_faults.py LOG` (from the repo root) then rewrites the faults section of docs/bad_inputs.md from it
-(run the whole table, slow rows included, with `-m "slow or not slow"`).
+`python tests/test_faults.py LOG` (from the repo root) then rewrites the faults section of
+docs/bad_inputs.md from it (run the whole table, slow rows included, with `-m "slow or not slow"`;
+rows a partial run did not reach keep their earlier outcome). tests/test_hostile_*.py add rows
+to the same table. Every row runs beside a decoy tree that must be unchanged afterwards.
 """
 
 import errno
@@ -639,18 +641,289 @@ def _alive(pid):
         return False
 
 
+# -- weak cases made one line (issue: hostile workdirs and shared caches) -----------------------
+
+def _cli(args, timeout=240, **kw):
+    return subprocess.run([sys.executable, "-m", "sptlib.main", *args], cwd=ROOT,
+                          env=_cli_env(), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _one_line(p, code=2):
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert p.returncode == code, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    return lines[-1]
+
+
+CONFIG_FILES = [
+    ("fails at import", "import nosuchmodule_xyz\n\ndef get_config():\n    return None\n",
+     ":1: ModuleNotFoundError: No module named 'nosuchmodule_xyz'"),
+    ("raises in get_config", "def get_config():\n    x = 1\n    raise ValueError('boom')\n",
+     ":3: ValueError: boom"),
+    ("has a syntax error", "def get_config(:\n    pass\n", ":1: SyntaxError: "),
+    ("has no get_config", "X = 1\n", ": defines no get_config() function"),
+    ("returns None from get_config", "def get_config():\n    return None\n",
+     ": get_config() returned None (a missing return statement?)"),
+]
+
+
+@pytest.mark.parametrize("case,text,needle", CONFIG_FILES, ids=[c[0] for c in CONFIG_FILES])
+def test_config_file_errors_are_one_line_with_file_and_line(tmp_path, case, text, needle):
+    cfg = tmp_path / "bad_config.py"
+    cfg.write_text(text)
+    line = _one_line(_cli([f"--config={cfg}", f"--workdir={tmp_path / 'wd'}"], timeout=120))
+    assert line.startswith("sptlib.main: error: ConfigError: "), line
+    assert f"{cfg}{needle}" in line, line
+    assert not (tmp_path / "wd").exists()
+    record("config files", f"--config file that {case} (CLI)",
+           f"one line, exit 2: {line.replace(str(tmp_path), '<tmp>')}")
+
+
+def test_missing_config_file_is_one_line(tmp_path):
+    line = _one_line(_cli([f"--config={tmp_path / 'nosuch.py'}", f"--workdir={tmp_path / 'wd'}"],
+                          timeout=120))
+    assert f"--config={tmp_path / 'nosuch.py'}: cannot load the config file" in line, line
+    record("config files", "--config file that does not exist (CLI)",
+           f"one line, exit 2: {line.replace(str(tmp_path), '<tmp>')[:200]}")
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--config.stages.scratch.optim.lr.foo=1"],
+     "--config.stages.scratch.optim.lr.foo: config.stages.scratch.optim.lr is a value (float "),
+    (["--config.stage_order=scratch", "--config.stage_order=pretrain"],
+     "--config.stage_order is given twice ('scratch', then 'pretrain'), which would join"),
+], ids=["through a value", "repeated"])
+def test_config_flag_errors_name_the_flag(tmp_path, flags, needle):
+    line = _one_line(_cli(["--config=experiments/smoke.py", f"--workdir={tmp_path / 'wd'}",
+                           *flags], timeout=120))
+    assert needle in line, line
+    record("config files", f"{' '.join(flags)} (CLI)", f"one line, exit 2: {line}")
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("objective.label_smoothing", 1.5, "objective.label_smoothing=1.5: must be in [0, 1)"),
+    ("optim.b1", 1.5, "optim.b1=1.5: must be in [0, 1)"),
+    ("optim.b2", 1.0, "optim.b2=1.0: must be in [0, 1)"),
+], ids=["label_smoothing", "b1", "b2"])
+def test_optimiser_values_out_of_range_are_refused(lra, tmp_path, field, value, needle):
+    c = _config(lra)
+    group, key = field.split(".")
+    c.stages.scratch[group][key] = value
+    wd = tmp_path / "wd"
+    expect_error("config ranges", f"stages.scratch.{field}={value}",
+                 lambda: stages.run(c, str(wd)), errors.ConfigError,
+                 f"config.stages.scratch.{needle}")
+    assert not (wd / "scratch").exists()
+
+
+def test_batch_larger_than_the_training_split_is_warned(lra, tmp_path, caplog):
+    c = _config(lra, batch_size=128)
+    import logging
+    with caplog.at_level(logging.WARNING):
+        preflight.check(c, str(tmp_path / "wd"))
+    line = next(r.getMessage() for r in caplog.records if "batch_size=128" in r.getMessage())
+    assert "is larger than the training split (64 examples)" in line
+    record("config ranges", "stages.scratch.batch_size=128 on a 64-example training split",
+           f"warning (one line), the run goes on: {line}")
+
+
+@pytest.mark.slow
+def test_diverged_stage_rerun_with_a_sane_lr_records_its_config(lra, tmp_path, caplog):
+    """lr=1e10 diverges on its first step (no checkpoint kept); the rerun with lr=3e-3 starts
+    from step 0: its config.json is the new one, the diverged attempt's is kept beside it."""
+    c = _config(lra, num_steps=1, eval_every=1, checkpoint_every=1, log_every=1)
+    c.stages.scratch.optim.update(lr=1e10, warmup_steps=0, schedule="constant")
+    wd = tmp_path / "wd"
+    with pytest.raises(errors.NonFiniteLossError):
+        stages.run(c, str(wd))
+    c.stages.scratch.optim.lr = 3e-3
+    import logging
+    with caplog.at_level(logging.WARNING):
+        res = stages.run(c, str(wd))["stages"]["scratch"]
+    assert res.finished and res.init["kind"] == "random"
+    saved = json.loads((wd / "scratch" / "config.json").read_text())
+    assert saved["stages"]["scratch"]["optim"]["lr"] == 3e-3
+    (before,) = (wd / "scratch").glob("config.before-*.json")
+    assert json.loads(before.read_text())["stages"]["scratch"]["optim"]["lr"] == 1e10
+    assert "resuming at step None" not in caplog.text
+    line = next(r.getMessage() for r in caplog.records if "starting from step 0" in r.getMessage())
+    record("divergence", "a diverged stage (no good checkpoint) rerun with a sane lr",
+           f"HELD: trains from step 0; config.json records lr=0.003, the diverged attempt's "
+           f"kept as {before.name.split('-')[0]}-<time>.json; warning: {line[:160]}...")
+
+
+def test_divergence_with_lr_1e9_is_one_line(lra, tmp_path):
+    """The `lr=1e9` row of docs/bad_inputs.md, as it happens now."""
+    c = _config(lra)
+    c.stages.scratch.optim.update(lr=1e9, warmup_steps=0, schedule="constant")
+    wd = tmp_path / "wd"
+    e = expect_error("divergence", "optim.lr=1e9 (4 steps, checkpoints every 2)",
+                     lambda: stages.run(c, str(wd)), errors.NonFiniteLossError,
+                     "[scratch] diverged: non-finite")
+    res = results_lib.read_stage(wd / "scratch")
+    assert res.status == "diverged" and res.message == str(e)
+    aside = wd / "scratch" / "checkpoints" / ckpt_lib.DIVERGED_DIR
+    moved = sorted(p.name.split("-")[0] for p in aside.iterdir()) if aside.exists() else []
+    kept = sorted(p.name for p in (wd / "scratch" / "checkpoints").iterdir() if p.name.isdigit())
+    assert (f"moved to {ckpt_lib.DIVERGED_DIR}/" in str(e)) == bool(moved)
+    record("divergence", "optim.lr=1e9 (4 steps, checkpoints every 2): what is kept",
+           f"HELD: status diverged, last_good_step {res.last_good_step}; checkpoints kept "
+           f"{kept}, moved to diverged/ {moved}")
+
+
+def test_data_folder_symlink_loop_is_one_line(lra, tmp_path):
+    data = tmp_path / "lra"
+    shutil.copytree(lra, data)
+    shutil.rmtree(data / listops.FOLDER)
+    os.symlink(listops.FOLDER, data / listops.FOLDER)
+    expect_error("hostile", "the data folder (lra_dir/listops-1000) a symlink to itself",
+                 lambda: stages.run(_config(data), str(tmp_path / "wd")), errors.ConfigError,
+                 "is a symbolic link that leads nowhere (a loop")
+
+
+def _tmpfs(path, size):
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+
+
+def test_disk_full_while_data_is_generated_names_the_folder(tmp_path):
+    """A real full file system (a 64 KiB tmpfs) while ListOps is generated in preflight."""
+    mnt = tmp_path / "small"
+    _tmpfs(mnt, "64k")
+    try:
+        c = _config(mnt / "lra")
+        c.data.generate.update(enabled=True, num_train=3000, num_val=20, num_test=20)
+        e = expect_error("disk", "disk full while ListOps data is generated (64 KiB tmpfs)",
+                         lambda: stages.run(c, str(tmp_path / "wd")), errors.WriteError,
+                         "No space left on device (errno 28)")
+        assert str(mnt / "lra") in str(e) and "MiB free there" in str(e)
+        # ... and results written by write_json name their own file.
+        with pytest.raises(OSError) as full:
+            results_lib.write_json(mnt / "big.json", {"x": "y" * (1 << 20)})
+        found = errors.find_write_error(full.value)
+        assert f"cannot write {mnt / 'big.json'}: No space left on device" in str(found)
+        assert not [p for p in mnt.iterdir() if p.name.endswith(".tmp")]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+_GENERATE = ("import logging, sys; logging.basicConfig(level=logging.INFO); "
+             "from sptlib.data import get_task, data_config; c = data_config(); "
+             "c.update(task='listops', lra_dir=sys.argv[1], max_length=64); "
+             "c.generate.update(enabled=True, num_train=1500, num_val=20, num_test=20, "
+             "min_length=10, max_length=64); get_task(c); print('ok')")
+
+
+def test_two_runs_sharing_a_missing_data_folder_take_turns(tmp_path):
+    """Two processes start at once on one missing lra_dir: one generates, the other waits on
+    the data-folder lock and uses it; no complete folder is moved aside as incomplete."""
+    lra_dir = tmp_path / "shared_lra"
+    env = dict(_cli_env(), PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", _GENERATE, str(lra_dir)], cwd=ROOT,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    names = sorted(p.name for p in lra_dir.iterdir())
+    assert names == [".listops-1000.lock", "listops-1000"], names
+    assert sum("ListOps: generating" in err for _, err in outs) == 1, [o[1][-800:] for o in outs]
+    record("data", "two runs sharing one missing lra_dir, started at once (2 processes)",
+           "HELD: one generates, the other waits on the data-folder lock and reads it; nothing "
+           "moved aside")
+
+
+def test_sigterm_during_preflight_exits_3_and_releases_the_lock(lra, tmp_path):
+    """SIGTERM as soon as the run holds the lock (preflight, data loading, first compile):
+    exit 3, one line, the lock released."""
+    wd = tmp_path / "wd"
+    proc = subprocess.Popen(_smoke_cmd(lra, wd), cwd=ROOT, env=_cli_env(),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(wd / lock_lib.LOCK_FILE, proc, timeout=200)
+        while '"pid"' not in (wd / lock_lib.LOCK_FILE).read_text():  # the owner is recorded
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert proc.returncode == 3, err[-3000:]
+    assert "Traceback" not in err and lines[-1].startswith(
+        "sptlib.main: stopped: PreemptedError: "), lines[-1]
+    assert "(SIGTERM)" in lines[-1]
+    assert not (wd / lock_lib.LOCK_FILE).exists()
+    record("signals", "SIGTERM as soon as the lock is taken (preflight / data loading)",
+           f"one line, exit 3, lock released: {lines[-1][:150]}")
+
+
+@pytest.mark.slow
+def test_resume_on_another_device_count_is_recorded(lra, tmp_path):
+    wd = tmp_path / "wd"
+    two = dict(_cli_env(), XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    p = subprocess.run(_smoke_cmd(lra, wd, "--config.stages.scratch.num_steps=2"), cwd=ROOT,
+                       env=two, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (wd / "scratch" / "results.json").unlink()  # unfinished: 4 steps asked now
+    p = subprocess.run(_smoke_cmd(lra, wd), cwd=ROOT, env=_cli_env(), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    init = results_lib.read_stage(wd / "scratch").init
+    assert init["kind"] == "resume"
+    assert init["layout_changed"]["before"]["devices"] == 2
+    assert init["layout_changed"]["now"]["devices"] == 1
+    assert "resuming on 1 devices" in p.stderr
+    record("workdir", "a resume on 1 device of a run started on 2 (CLI)",
+           "HELD: results.json init.layout_changed records both; one warning")
+
+
+# -- nothing outside the workdir changes ---------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _decoy_beside_the_workdir(tmp_path):
+    """Every row runs with a decoy tree beside its workdir(s) in `tmp_path`: it must be
+    byte-identical afterwards (no run writes outside its workdir)."""
+    from test_hostile_workdirs import tree_state
+    decoy = tmp_path / "decoy"
+    decoy.mkdir(exist_ok=True)
+    (decoy / "precious.txt").write_text("precious\n")
+    (decoy / "sub").mkdir(exist_ok=True)
+    (decoy / "sub" / "results.json").write_text('{"mine": true}\n')
+    before = tree_state(decoy)
+    yield
+    assert tree_state(decoy) == before, "a run modified files outside its workdir"
+
+
 # -- docs ----------------------------------------------------------------------------------------
 
 BEGIN, END = "<!-- faults:begin -->", "<!-- faults:end -->"
 
 
+def _section_rows(text):
+    """[(group, case, outcome)] of the faults section already in the doc."""
+    if BEGIN not in text:
+        return []
+    rows, group = [], None
+    for ln in text[text.index(BEGIN) + len(BEGIN):text.index(END)].splitlines():
+        if ln.startswith("### "):
+            group = ln[4:].strip()
+        elif ln.startswith("- ") and " — " in ln and group:
+            case, outcome = ln[2:].split(" — ", 1)
+            rows.append((group, case, outcome))
+    return rows
+
+
 def write_doc(log, doc=ROOT / "docs" / "bad_inputs.md"):
+    """Rewrites the faults section from `log`; rows the log does not have (a partial run, e.g.
+    without the slow ones) keep their earlier outcome."""
     import re
-    latest = {}
+    latest = {(g, c): o for g, c, o in _section_rows(doc.read_text())}
     for ln in open(log):
         if ln.strip():
             r = json.loads(ln)
-            latest.pop((r["group"], r["case"]), None)  # the last run of a case is kept
+            # The last run of a case is kept, in the place the case had.
             latest[(r["group"], r["case"])] = re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/"
                                                      r"(popen-gw\d+/)?", "<tmp>/", r["outcome"])
     lines = []

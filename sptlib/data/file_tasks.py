@@ -11,6 +11,7 @@ import os
 
 from sptlib.data import aan, listops, pathfinder, sources, speech_commands, tokenizers
 from sptlib.data.defaults import resolution as task_resolution, sequence_length, task_info
+from sptlib.data.release import folder_lock
 from sptlib.data.registry import Task, check_tokens, missing_lra_error, register
 
 
@@ -22,12 +23,15 @@ def build_listops(cfg):
     gen = cfg.generate
     if not os.path.exists(listops.split_path(cfg.lra_dir, "train")):
         if gen.enabled:
-            logging.info("ListOps: generating %d/%d/%d examples in %s", gen.num_train,
-                         gen.num_val, gen.num_test, cfg.lra_dir)
-            listops.generate_release(
-                cfg.lra_dir, num_train=gen.num_train, num_val=gen.num_val,
-                num_test=gen.num_test, seed=gen.seed, min_length=gen.min_length,
-                max_length=gen.max_length)
+            # Runs sharing the folder take turns: the second finds the first's data.
+            with folder_lock(cfg.lra_dir, listops.FOLDER):
+                if not os.path.exists(listops.split_path(cfg.lra_dir, "train")):
+                    logging.info("ListOps: generating %d/%d/%d examples in %s", gen.num_train,
+                                 gen.num_val, gen.num_test, cfg.lra_dir)
+                    listops.generate_release(
+                        cfg.lra_dir, num_train=gen.num_train, num_val=gen.num_val,
+                        num_test=gen.num_test, seed=gen.seed, min_length=gen.min_length,
+                        max_length=gen.max_length)
         else:
             raise missing_lra_error(
                 cfg.lra_dir, f"{listops.FOLDER}/basic_train.tsv", "listops",
@@ -80,11 +84,15 @@ def build_pathfinder(cfg):
         if gen.enabled:
             contour = int(gen.contour_length) or contour
             num = gen.num_train + gen.num_val + gen.num_test
-            logging.info("Pathfinder: generating %d images at %d px in %s", num, res, cfg.lra_dir)
-            # Validation and test images from a seed never used for training images.
-            pathfinder.generate_release(cfg.lra_dir, resolution=res, num=num, seed=gen.seed,
-                                        contour_length=contour,
-                                        held_out_from=pathfinder.train_size(num))
+            parent, name = os.path.split(os.path.abspath(folder))
+            with folder_lock(parent, name):  # runs sharing the folder take turns
+                if not os.path.isdir(os.path.join(folder, "metadata")):
+                    logging.info("Pathfinder: generating %d images at %d px in %s", num, res,
+                                 cfg.lra_dir)
+                    # Validation and test images from a seed never used for training images.
+                    pathfinder.generate_release(
+                        cfg.lra_dir, resolution=res, num=num, seed=gen.seed,
+                        contour_length=contour, held_out_from=pathfinder.train_size(num))
         else:
             raise missing_lra_error(
                 cfg.lra_dir, f"pathfinder{res}/{difficulty}/metadata/", cfg.task,

@@ -2,10 +2,12 @@
 
 A generator writes its whole release folder into a hidden sibling (`.<name>.partial-<host>-<pid>`)
 and renames it into place only when complete (`write_atomically`), so a generation killed half
-way leaves no folder a later run could mistake for data; the next run generates again. Partial
+way leaves no folder a later run could mistake for data; the next run generates again. Runs that
+share a data folder check for it and generate it under `folder_lock`, one after the other. Partial
 folders of dead processes on this host are removed on the next attempt.
 """
 
+import contextlib
 import logging
 import os
 import shutil
@@ -40,6 +42,30 @@ def _remove_stale(parent: str, name: str, host: str):
             logging.warning("Removing %s, left by a killed generation.",
                             os.path.join(parent, entry))
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def folder_lock(parent: str, name: str):
+    """An exclusive `flock` on `parent/.<name>.lock` for as long as the block runs. Runs that
+    share a data folder check for it and generate it under this lock: the second finds the
+    first's complete folder instead of generating again (and moving it aside)."""
+    parent = parent or "."
+    os.makedirs(parent, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: unlocked
+        yield
+        return
+    fd = os.open(os.path.join(parent, f".{name}.lock"),
+                 os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: unlocked
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_atomically(final: str, write) -> str:

@@ -39,6 +39,7 @@ import jax
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
+from sptlib import errors
 # Error types live in sptlib.errors (JAX-free); file helpers in checkpoint_io. Both re-exported.
 from sptlib.errors import (CheckpointDigestError, CheckpointMismatchError,  # noqa: F401
                            IncompatibleCheckpointError, NoCheckpointError,
@@ -68,6 +69,30 @@ def score_of(metrics: dict, best_metric: str, best_mode: str) -> float:
     return float(value) if best_mode == "max" else -float(value)
 
 
+class _NoLibraryTracebacks:
+    """Keeps orbax's (and asyncio's) error records to their first line: a failed background
+    write reaches the user as one `WriteError` line; `--verbose` / SPTLIB_TRACEBACK=1 keeps the
+    tracebacks."""
+
+    def filter(self, record):
+        if record.exc_info and ("/orbax/" in record.pathname or record.name == "asyncio") \
+                and not errors.wants_traceback():
+            record.msg = (record.getMessage().splitlines() or [""])[0][:300]
+            record.args = ()
+            record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
+_FILTER = _NoLibraryTracebacks()
+
+
+def quiet_library_tracebacks():
+    import logging as pylogging
+    for name in ("absl", "asyncio"):
+        if _FILTER not in pylogging.getLogger(name).filters:
+            pylogging.getLogger(name).addFilter(_FILTER)
+
+
 def _score_fn(metrics):
     return float(metrics.get("score", -math.inf))
 
@@ -91,6 +116,7 @@ class StageCheckpointer:
         self.quarantined = []
         # The data item's extra keys of the last restore (`save(extra=...)`).
         self.extra = {}
+        quiet_library_tracebacks()
         self._check_metrics_files()  # orbax reads every metrics file when it opens the folder
         policy = ocp.checkpoint_managers.AnyPreservationPolicy([
             ocp.checkpoint_managers.LatestN(n=keep),
@@ -141,11 +167,16 @@ class StageCheckpointer:
         return self.manager.latest_step()
 
     def best_step(self) -> Optional[int]:
-        """The best-scoring step among the kept checkpoints (latest if none has metrics)."""
-        scored = [(s, self.metrics(s)) for s in self.all_steps()]
+        """The best-scoring step among the checkpoints that exist (latest if none has metrics);
+        a step folder deleted behind the manager's back is not a candidate."""
+        steps = self.all_steps()
+        present = [s for s in steps if (self.directory / str(s)).exists()]
+        if len(present) < len(steps):
+            self.manager.reload()  # its cached list still names the deleted steps
+        scored = [(s, self.metrics(s)) for s in present]
         scored = [(s, m) for s, m in scored if m and "score" in m]
         if not scored:
-            return self.latest_step()
+            return max(present, default=None)
         # Ties go to the earlier step (the first time the score was reached).
         return max(scored, key=lambda sm: (_score_fn(sm[1]), -sm[0]))[0]
 

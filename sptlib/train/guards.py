@@ -30,6 +30,7 @@ import numpy as np
 
 from sptlib.errors import PreemptedError, ResultsError, WriteError
 from sptlib.train import digest as digest_lib
+from sptlib.train.checkpoint import score_of
 from sptlib.train import results as results_lib
 
 CONFIG_FILE = "config.json"
@@ -224,12 +225,37 @@ def upstream(config, stage_name, workdir):
     return {"checkpoint": str(step_dir), "fingerprint": fingerprint}
 
 
+def _set_aside_old_configs(config, stage_name, stage_dir) -> None:
+    """A stage starting from step 0 (no checkpoint to resume: a first run, or a rerun after it
+    diverged before its first good checkpoint) is trained by this config alone: an earlier
+    `config.json` (and `config.step<N>.json`) that differs is renamed `<name>.before-<time>`,
+    so that `config.json` records what the new checkpoints are trained with."""
+    stage_dir = epath.Path(stage_dir)
+    path, old = latest_config(stage_dir)
+    if old is None:
+        return
+    changes = config_changes(old, json.loads(_config_json(config)), stage_name)
+    if not changes:
+        return
+    stamp = int(time.time())
+    olds = [stage_dir / CONFIG_FILE] + [p for p in stage_dir.glob("config.step*.json")
+                                        if p.name[len("config.step"):-len(".json")].isdigit()]
+    for p in olds:
+        if p.exists() and jax.process_index() == 0:
+            p.replace(stage_dir / f"{p.name[:-len('.json')]}.before-{stamp}.json")
+    logging.warning("[%s] starting from step 0 (no checkpoint to resume) with another config "
+                    "than before (%s): %s. config.json records the new one; the earlier one is "
+                    "kept as config.before-%d.json.", stage_name, path, describe(changes), stamp)
+
+
 def record_start(config, stage_name, stage_dir, init_info) -> None:
     """`record_config`, and `inputs.json` when the stage starts from scratch or `init_from`
     (a resume keeps the record of what its checkpoints grew from)."""
-    record_config(config, stage_name, stage_dir, init_info.get("step"))
     if init_info["kind"] == "resume":
+        record_config(config, stage_name, stage_dir, init_info.get("step"))
         return
+    _set_aside_old_configs(config, stage_name, stage_dir)
+    record_config(config, stage_name, stage_dir)
     inputs = {"kind": init_info["kind"], "time": time.time()}
     if init_info["kind"] == "init_from":
         inputs["init_from"] = {k: init_info.get(k) for k in ("checkpoint", "fingerprint")}
@@ -276,3 +302,48 @@ def finite(value) -> bool:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
+
+
+def previous_layout(stage_dir):
+    """{"devices", "mesh"} the stage last started on (its `resolved.json`), or None."""
+    path = epath.Path(stage_dir) / "resolved.json"
+    try:
+        old = results_lib.read_json(path) if path.exists() else None
+    except ResultsError:
+        return None
+    return {"devices": old.get("devices"), "mesh": old.get("mesh")} \
+        if isinstance(old, dict) else None
+
+
+def note_layout(init_info, before, resolved, stage_name) -> None:
+    """Records in `init_info` (hence results.json's `init`) a resume on another device count or
+    mesh than the stage last ran on, with a warning: the data order and the reductions' rounding
+    then differ from an uninterrupted run."""
+    now = {"devices": resolved.num_devices,
+           "mesh": {k: int(v) for k, v in resolved.mesh.shape.items()}}
+    if init_info.get("kind") != "resume" or not before or before == now:
+        return
+    init_info["layout_changed"] = {"before": before, "now": now}
+    logging.warning("[%s] resuming on %s devices (mesh %s), the stage last ran on %s (mesh %s): "
+                    "recorded in results.json init.layout_changed; the run is no longer "
+                    "bit-identical to an uninterrupted one.", stage_name, now["devices"],
+                    now["mesh"], before.get("devices"), before.get("mesh"))
+
+
+def warn_missing_best(stage, name, history, ckpt, best_step) -> None:
+    """Warns when the history's best evaluation has no checkpoint any more (deleted or moved
+    aside): "best" is then the best of the checkpoints that exist (`best_step`); the history
+    keeps the truth."""
+    scored = [(score_of(h, stage.best_metric, stage.best_mode), -h["step"], h["step"])
+              for h in history if stage.best_metric in h]
+    if not scored:
+        return
+    score, _, truth = max(scored)
+    if truth == best_step or truth in ckpt.all_steps() or not math.isfinite(score):
+        return
+    value = next(h[stage.best_metric] for h in history if h["step"] == truth)
+    logging.warning("[%s] the best checkpoint, step %d (validation %s=%.4g in history.json), is "
+                    "gone from %s (deleted or moved aside): best_step is recomputed among the "
+                    "checkpoints that exist (step %s); history.json keeps step %d's metrics.",
+                    name, truth, stage.best_metric, value, ckpt.directory, best_step, truth)
+

@@ -102,6 +102,7 @@ def _train_stage(config, stage_name, workdir):
                                     shard_count=jax.process_count())
     built = setup.build_stage(config, stage_name, example_batch=setup.peek(train_iter),
                               info=task.info)
+    layout_before = guards.previous_layout(stage_dir)
     if is_main_process():
         guards.check_space(stage_dir, built.state)
         stage_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +115,7 @@ def _train_stage(config, stage_name, workdir):
     failed = True
     try:
         state, init_info = restore(built, ckpt, train_iter, workdir)
+        guards.note_layout(init_info, layout_before, built.resolved, stage_name)
         if is_main_process():
             guards.record_start(config, stage_name, stage_dir, init_info)
         run = _Run(built, stage_dir, ckpt, writer, train_iter,
@@ -415,6 +417,7 @@ def final_evaluation(run: _Run, state) -> StageResults:
     last_metrics = {"validation": last_val[1], "test": evaluate(state, "test")}
     fingerprint = steps.params_fingerprint(state.params)
     best_step = run.ckpt.best_step()
+    guards.warn_missing_best(run.stage, run.name, run.history, run.ckpt, best_step)
     if best_step is None or best_step == step:
         best_step = step
         best_metrics = last_metrics

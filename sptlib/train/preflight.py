@@ -21,20 +21,23 @@ or flag and what to do:
     most `FULL_PROBE` examples) decode.
 """
 
+import errno
 import json
 import math
 import os
+import tempfile
 import threading
-import uuid
 
 from absl import logging
 from etils import epath
 import jax
 
 from sptlib import data as data_lib
+from sptlib import errors
 from sptlib import layers, objectives
 from sptlib.models import build
-from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
+from sptlib.errors import (FOREIGN_ENV, CheckpointMismatchError, ConfigError, DataError,
+                           ResultsError, WorkdirOwnerError, foreign_allowed)
 from sptlib.train import results as results_lib, sharding
 
 # Validation/test splits up to this size are decoded record by record (a corrupt or wrong-size
@@ -52,7 +55,7 @@ def check(config, workdir) -> dict:
 
     Returns the data's counted skips for the run's summary: `{"examples": {split: n},
     "truncated": {split: n}, "empty_images": n}`."""
-    check_workdir(workdir)
+    check_workdir(workdir, config.stage_order)
     check_stage_dirs(config, workdir)
     check_model(config.model)
     for name in config.stage_order:
@@ -61,27 +64,104 @@ def check(config, workdir) -> dict:
         check_optim(config, name)
     check_batch_sizes(config)
     check_saved_configs(config, workdir)
-    return check_data(config)
+    info = check_data(config)
+    check_batch_vs_data(config, info["examples"].get("train", 0))
+    return info
 
 
-def check_workdir(workdir) -> None:
-    """The workdir is (or can be made) a folder this process can write to."""
+def check_batch_vs_data(config, num_train) -> None:
+    """Warns (one line) when a stage's batch is larger than the training split: every batch
+    then repeats examples within itself, which is rarely what was meant."""
+    for name in config.stage_order:
+        bs = int(config.stages[name].batch_size)
+        if num_train and bs > num_train:
+            logging.warning("config.stages.%s.batch_size=%d is larger than the training split "
+                            "(%d examples): each batch repeats examples; lower the batch size "
+                            "or use more data.", name, bs, num_train)
+
+
+def check_workdir(workdir, stage_names=()) -> None:
+    """The workdir is (or can be made) a folder this process can write to, and its own: a
+    workdir of another user (e.g. prepared in a shared `/tmp`) is refused unless
+    SPTLIB_ALLOW_FOREIGN_WORKDIR=1; a symlink that leads nowhere (a loop) is named as such; the
+    files a run writes there fit the file system's name limits (`check_path_lengths`)."""
     text = str(workdir)
     if "://" in text:  # object stores: one listing, bounded in time (no network: minutes)
         _check_remote(text)
         return
     path = epath.Path(os.path.abspath(text))
+    check_path_lengths(str(path), stage_names)
+    _check_link(str(path), f"--workdir={text}")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--workdir={text}: is a file, not a folder; pass a folder (it is "
                           f"created if missing)")
+    _check_owner(str(path), f"--workdir={text}")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".sptlib-write-test-{uuid.uuid4().hex[:8]}"
-        probe.write_text("ok")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".sptlib-write-test-", dir=str(path))
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise ConfigError(f"--workdir={text}: cannot write there ({type(e).__name__}: "
                           f"{e.strerror or e}); pick a writable folder") from None
+
+
+def _check_link(path: str, what: str) -> None:
+    """A symlink at `path` that leads nowhere (a loop, a missing target) is a ConfigError."""
+    if os.path.islink(path) and not os.path.exists(path):
+        try:
+            os.stat(path)
+            why = "a missing target"
+        except OSError as e:
+            why = ("a loop" if e.errno == errno.ELOOP else e.strerror or str(e))
+        raise ConfigError(f"{what}: {path} is a symbolic link that leads nowhere ({why}: "
+                          f"-> {os.readlink(path)}); remove it or point it at a folder")
+
+
+def _check_owner(path: str, what: str) -> None:
+    """`path` (where it exists) belongs to this user, unless SPTLIB_ALLOW_FOREIGN_WORKDIR=1."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if st.st_uid != os.geteuid() and not foreign_allowed():
+        raise WorkdirOwnerError(
+            f"{what}: {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); "
+            f"another user may have prepared it (planted symlinks write outside it). Use a "
+            f"folder of your own, or set {FOREIGN_ENV}=1 if you trust it")
+
+
+# Room for the paths a run writes below `<workdir>/<stage>/`: a checkpoint's OCDBT data file,
+# `checkpoints/<step>/state/ocdbt.process_0/d/<32 hex>`, is 72 characters at step 4 (measured);
+# orbax's temporary step folders (`<step>.orbax-checkpoint-tmp-<n>`) and 7-digit steps add about
+# 40, TensorBoard's event files carry the host name (up to 64).
+RESERVED_PATH = 200
+
+
+def check_path_lengths(path: str, stage_names=()) -> None:
+    """Every component of `path` within the file system's NAME_MAX, and the files a run writes
+    below it (`RESERVED_PATH` more characters) within PATH_MAX: too long a path fails only at
+    the first checkpoint otherwise, inside orbax's threads."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        name_max = os.pathconf(probe or "/", "PC_NAME_MAX")
+        path_max = os.pathconf(probe or "/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.split(os.sep):
+        if len(part.encode()) > name_max:
+            raise ConfigError(f"--workdir={path[:80]}...: the folder name {part[:40]}... is "
+                              f"{len(part.encode())} bytes, the file system allows {name_max} "
+                              f"(NAME_MAX); use a shorter --workdir")
+    longest = len(path.encode()) + 1 + max([len(n) for n in stage_names] or [16]) + \
+        RESERVED_PATH
+    if longest > path_max:
+        raise ConfigError(f"--workdir={path[:80]}...: is {len(path.encode())} bytes long; the "
+                          f"checkpoints written below it would need paths of up to {longest} "
+                          f"bytes, the file system allows {path_max} (PATH_MAX); use a "
+                          f"--workdir under {path_max - longest + len(path.encode())} bytes")
 
 
 def _check_remote(text) -> None:
@@ -107,14 +187,23 @@ def _check_remote(text) -> None:
 
 
 def check_stage_dirs(config, workdir) -> None:
-    """Every stage's folder and its `checkpoints/`, where they exist, are folders."""
+    """Every stage's folder and its `checkpoints/`, where they exist, are folders, and not
+    symlinks that lead nowhere or that another user planted."""
     text = str(workdir)
     if "://" in text:
         return
     for name in config.stage_order:
         for path in (os.path.join(text, name), os.path.join(text, name, "checkpoints")):
+            path = os.path.abspath(path)
+            _check_link(path, f"stage {name!r}")
+            if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid() and \
+                    not foreign_allowed():
+                raise WorkdirOwnerError(
+                    f"{path}: a symbolic link (-> {os.readlink(path)}) of uid "
+                    f"{os.lstat(path).st_uid}, not yours: not writing through it; remove it, or "
+                    f"set {FOREIGN_ENV}=1 if you trust it")
             if os.path.exists(path) and not os.path.isdir(path):
-                raise ConfigError(f"{os.path.abspath(path)}: is a file, but stage {name!r} "
+                raise ConfigError(f"{path}: is a file, but stage {name!r} "
                                   f"needs a folder there; move it aside or use another "
                                   f"--workdir")
 
@@ -152,12 +241,25 @@ def check_optim(config, name) -> None:
         if o.get(field) is not None:
             _at_least(f"{key}.{field}", o[field], 0)
     _choice(f"{key}.schedule", o.schedule, ("constant", "cosine"))
+    for field, why in (("b1", "Adam's first-moment decay"), ("b2", "Adam's second-moment decay; "
+                                                                  "1.0 divides by zero at step 1")):
+        if o.get(field) is not None and not 0.0 <= float(o[field]) < 1.0:
+            raise ConfigError(f"{key}.{field}={o[field]!r}: must be in [0, 1) ({why}; the paper "
+                              f"uses b1=0.9, b2=0.999)")
+    if o.get("eps") is not None and not float(o.eps) > 0:
+        raise ConfigError(f"{key}.eps={o.eps!r}: must be > 0")
+    if o.get("min_lr_ratio") is not None and float(o.min_lr_ratio) > 1:
+        raise ConfigError(f"{key}.min_lr_ratio={o.min_lr_ratio!r}: must be in [0, 1]")
 
 
 def check_objective(config, name) -> None:
     obj = config.stages[name].objective
     key = f"config.stages.{name}.objective"
     _choice(f"{key}.kind", obj.kind, objectives.KINDS)
+    smoothing = obj.get("label_smoothing")
+    if smoothing is not None and not 0.0 <= float(smoothing) < 1.0:
+        raise ConfigError(f"{key}.label_smoothing={smoothing!r}: must be in [0, 1) (the "
+                          f"weight moved from the true label to the uniform distribution)")
     if obj.kind not in ("masked", "causal"):
         return
     if obj.kind == "masked":
@@ -281,11 +383,22 @@ def check_data(config) -> dict:
                           f"{config.data.task!r} reads its files from there; give the folder "
                           f"(e.g. --config.data.lra_dir=lra_release)")
     where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
+    lra_dir = str(config.data.get("lra_dir") or "")
+    if lra_dir and "://" not in lra_dir:
+        _check_link(os.path.abspath(lra_dir), "config.data.lra_dir")
+        if os.path.isdir(lra_dir):
+            for entry in os.scandir(lra_dir):
+                _check_link(entry.path, "config.data.lra_dir")
     try:
         task = data_lib.get_task(config.data)  # generates the data when configured to
         counts = {split: _probe(task, split, where) for split in ("train", "validation", "test")}
     except (DataError, ConfigError):
         raise
+    except OSError as e:  # e.g. a full disk while the data is generated
+        found = errors.find_write_error(e, os.path.abspath(lra_dir) if lra_dir else None)
+        if found is None:
+            raise
+        raise found from e
     except ValueError as e:  # the data builders' own checks (task, input_type, fraction, ...)
         raise ConfigError(f"config.data: {e}") from e
     empty = int(getattr(task.source("train"), "num_empty", 0))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from typing import Any, Optional
 
 from etils import epath
@@ -30,21 +31,49 @@ _DIVERGED_KEYS = ("stage", "status", "final_step", "last_good_step", "message")
 
 
 def write_json(path, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> None:
-    """Writes `obj` to `path` so that no reader sees half a file: a temporary file beside it,
-    then `os.replace` (on object stores, `gs://...`, a single write). NumPy/JAX scalars are
-    written as numbers, sets as lists, anything else unknown as its `str`."""
+    """Writes `obj` to `path` so that no reader sees half a file and no planted symlink is
+    followed: a temporary file of a fresh name beside it (`tempfile`, `O_EXCL`, mode 0600 until
+    written), then `os.replace`, which replaces a symlink at `path` instead of writing through
+    it (on object stores, `gs://...`, a single write). NumPy/JAX scalars are written as numbers,
+    sets as lists, anything else unknown as its `str`."""
     path = epath.Path(path)
     text = json.dumps(obj, indent=indent, sort_keys=sort_keys, default=_json_default)
     path.parent.mkdir(parents=True, exist_ok=True)
     if "://" in str(path):
         path.write_text(text)
         return
-    tmp = path.parent / (path.name + ".tmp")
+    write_private_then_replace(str(path), text.encode())
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask would, for every thread)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def write_private_then_replace(path: str, data: bytes, mode: Optional[int] = None) -> None:
+    """`data` into `path` through a fresh temporary file in the same folder (never a fixed
+    name another user could have planted as a symlink), then `os.replace`. The final file gets
+    `mode` (default 0666 less the umask); a failure (e.g. a full disk) leaves no temporary."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
-        tmp.write_text(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), 0o666 & ~_umask() if mode is None else mode)
         os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # e.g. a full disk: no half-written .tmp left behind
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError) and e.filename in (None, tmp):
+            e.filename = path  # a full disk names the file meant, not the temporary
         raise
 
 

@@ -11,7 +11,11 @@ else `g++`/`c++`/`clang++`, `-O3 -march=native`) into a cache directory (`$SPTLI
 else `~/.cache/sptlib/kernels`) keyed by the sources, the jaxlib version, the compiler's path and
 version, the flags and the CPU's model and instruction-set flags (`-march=native` code is only
 valid on CPUs with those instructions, and a cache may be shared by a mixed cluster), and
-registered as XLA FFI targets for the CPU platform. Where no compiler works, the jnp functions run
+registered as XLA FFI targets for the CPU platform. A library is loaded only when it is
+verified: a regular file of this user in a folder of this user that nobody else can write to,
+whose SHA-256 equals the one recorded beside it (`<lib>.sha256`) when this code built it. A
+cache folder of another owner or writable by group/others is not used (the private default is,
+with one warning); a library that fails the check is built again, never loaded. Where no compiler works, the jnp functions run
 instead (a warning says why, once). `SPTLIB_NATIVE=0` turns the kernels off.
 """
 
@@ -21,6 +25,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -41,6 +46,7 @@ TARGETS = {
 }
 _lock = threading.Lock()
 _state = {}  # "ok": bool, "why": str (set once)
+_warned = set()  # unsafe cache folders already warned about
 
 
 def _compiler():
@@ -51,8 +57,100 @@ def _compiler():
 
 
 def _cache_dir():
-    return os.environ.get("SPTLIB_KERNEL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "sptlib", "kernels")
+    return os.environ.get("SPTLIB_KERNEL_CACHE") or _default_cache()
+
+
+def _default_cache():
+    return os.path.join(os.path.expanduser("~"), ".cache", "sptlib", "kernels")
+
+
+def _unsafe(folder) -> str:
+    """Why `folder` cannot hold libraries this process loads ('' when it can): another owner,
+    or writable by group/others (anyone who can write there can replace a library)."""
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return ""
+    except OSError as e:
+        return e.strerror or str(e)
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a folder"
+    if st.st_uid != os.geteuid():
+        return f"it belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def _safe_cache_dir():
+    """The cache folder to use: `_cache_dir()` when it is safe, else the private default
+    (one warning); raises RuntimeError when neither is."""
+    folder = _cache_dir()
+    why = _unsafe(folder)
+    if not why:
+        return folder
+    private = _default_cache()
+    if folder != private and not _unsafe(private):
+        if folder in _warned:
+            return private
+        _warned.add(folder)
+        logging.warning("sptlib: not using the native-kernel cache %s (%s): building into "
+                        "%s instead.", folder, why, private)
+        return private
+    raise RuntimeError(f"the native-kernel cache {folder} is unsafe ({why}); set "
+                       f"SPTLIB_KERNEL_CACHE to a folder only you can write")
+
+
+def _sha256(f) -> str:
+    h = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+    return h.hexdigest()
+
+
+def _open_verified(lib):
+    """An open file of `lib` when it is a regular file of this user, not writable by others,
+    whose SHA-256 is the one recorded beside it at build time (`<lib>.sha256`); else None and
+    why. The library is then loaded through this open file, so what was checked is what runs."""
+    try:
+        fd = os.open(lib, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None, "not built yet"
+    except OSError as e:
+        return None, f"cannot open it ({e.strerror or e}; a symlink?)"
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    why = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
+           f"it belongs to uid {st.st_uid}" if st.st_uid != os.geteuid() else
+           "it is writable by group or others" if st.st_mode & 0o022 else "")
+    if not why:
+        try:
+            with open(lib + ".sha256", "rb", opener=_nofollow) as g:
+                recorded = g.read(200).decode("ascii", "replace").strip()
+        except OSError:
+            recorded = None
+        actual = _sha256(f)
+        why = ("no build-time digest beside it" if recorded is None else
+               "its SHA-256 differs from the one recorded when it was built"
+               if recorded != actual else "")
+    if why:
+        f.close()
+        return None, why
+    f.seek(0)
+    return f, ""
+
+
+def _nofollow(path, flags):
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _load(f, lib):
+    """ctypes handle of the verified open file `f` (via /proc/self/fd where there is one)."""
+    proc = f"/proc/self/fd/{f.fileno()}"
+    try:
+        return ctypes.cdll.LoadLibrary(proc if os.path.exists(proc) else lib)
+    finally:
+        f.close()
 
 
 def _cpu_signature():
@@ -81,8 +179,8 @@ def _compiler_version(cxx):
         return ""
 
 
-def build():
-    """Path of the compiled library (compiling it if needed); raises RuntimeError."""
+def library_path():
+    """(compiler, sources, the cache path of the library they build); raises RuntimeError."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found ($CXX, g++, c++ or clang++)")
@@ -95,13 +193,26 @@ def build():
     import jaxlib
     digest.update(repr((jaxlib.__version__, cxx, _compiler_version(cxx), _FLAGS,
                         _cpu_signature())).encode())
-    out_dir = _cache_dir()
-    lib = os.path.join(out_dir, f"sptlib_kernels-{digest.hexdigest()[:16]}.so")
-    if os.path.exists(lib):
+    out_dir = _safe_cache_dir()
+    return cxx, sources, os.path.join(out_dir, f"sptlib_kernels-{digest.hexdigest()[:16]}.so")
+
+
+def build():
+    """Path of the compiled, verified library (compiling it if needed); raises RuntimeError."""
+    cxx, sources, lib = library_path()
+    out_dir = os.path.dirname(lib)
+    f, why = _open_verified(lib)
+    if f is not None:
+        f.close()
         return lib
-    os.makedirs(out_dir, exist_ok=True)
+    if why != "not built yet":
+        logging.warning("sptlib: not loading %s (%s): building it again.", lib, why)
+    os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    why = _unsafe(out_dir)  # e.g. created by someone else between the check and here
+    if why:
+        raise RuntimeError(f"the native-kernel cache {out_dir} is unsafe ({why})")
     # Compile to a private name and rename: concurrent processes (pytest -n, compare's jobs)
-    # never load a half-written library.
+    # never load a half-written library. The digest is recorded before the library appears.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), *sources, "-o", tmp]
@@ -110,6 +221,13 @@ def build():
         if proc.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
                                f"{proc.stderr[-2000:]}")
+        os.chmod(tmp, 0o700)
+        with open(tmp, "rb") as g:
+            sha = _sha256(g)
+        sfd, side = tempfile.mkstemp(suffix=".sha256", dir=out_dir)  # 0600, a fresh name
+        with os.fdopen(sfd, "wb") as g:
+            g.write(sha.encode() + b"\n")
+        os.replace(side, lib + ".sha256")
         os.replace(tmp, lib)
     finally:
         if os.path.exists(tmp):
@@ -124,7 +242,11 @@ def available():
             try:
                 if os.environ.get("SPTLIB_NATIVE", "1") == "0":
                     raise RuntimeError("turned off by SPTLIB_NATIVE=0")
-                lib = ctypes.cdll.LoadLibrary(build())
+                path = build()
+                f, why = _open_verified(path)
+                if f is None:
+                    raise RuntimeError(f"{path} failed verification ({why}): not loaded")
+                lib = _load(f, path)
                 for target, symbol in TARGETS.items():
                     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
                                                 platform="cpu")
