@@ -15,10 +15,13 @@ shard.
 
 Cost estimates. XLA's cost model knows nothing about a Pallas call without a `CostEstimate`, and
 jax's splash kernels set none, so `install_cost_estimates()` gives each of their calls one: the
-scheduled work of its grid (grid steps x block_q x block_kv (query, key) pairs; per pair 4
-head_dim FLOPs forward, 6 in the dq kernel, 10 in the fused dkv kernel, one exp each) and the
-bytes of its operands and results. For a causal mask the grid also steps through blocks it
-skips at run time, so the estimate is high there (a conservative bound).
+work of the blocks its mask computes (non-empty blocks of splash's own block mask x block_q x
+block_kv (query, key) pairs; per pair 4 head_dim FLOPs forward, 6 in the dq kernel, 8 in the dkv
+kernel or 10 in the fused dkv kernel that also forms dq, one exp each) and the bytes of its
+operands and results. A grid step whose block the mask empties runs no matmul (splash skips it),
+so it declares nothing: a causal mask declares the lower triangle of blocks, a local window its
+band. Over-declaring would not be conservative: libtpu prices a Pallas call at the roofline of
+what it declares, so more declared FLOPs lengthen the best-case step *and* add compiler FLOPs.
 """
 
 import functools
@@ -35,8 +38,14 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
 LANES = 128
-# Flash FLOPs per (query, key) pair and head_dim unit, by splash kernel phase.
-PHASE_FLOPS = {"fwd": 4, "dq": 6, "dkv": 10}
+# Flash FLOPs per (query, key) pair and head_dim unit, by splash kernel phase: QK^T and PV
+# forward; the dq kernel recomputes QK^T, forms dP = dO V^T and dQ; the dkv kernel recomputes
+# QK^T, forms dP, dV and dK, and the fused one dQ as well.
+PHASE_FLOPS = {"fwd": 4, "dq": 6, "dkv": 8, "dkv_fused": 10}
+# Computed (non-empty) blocks per head of each kernel built here, by phase, keyed by the mask
+# function splash passes to every one of its Pallas calls (the kernels are cached for the
+# process, so the keys stay alive). A mask without a mask function (full) computes every block.
+_COMPUTED_BLOCKS = {}
 
 
 def _block(length):
@@ -57,8 +66,24 @@ def _kernel(length, heads, causal, window, interpret):
     b = _block(length)
     sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                               block_kv_dkv=b, block_kv_dkv_compute=b, use_fused_bwd_kernel=True)
-    return splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
-                                  q_seq_shards=1, block_sizes=sizes, interpret=interpret)
+    # Concrete mask arrays even when first built inside a trace: the kernel is cached across
+    # traces, and its block masks are counted below.
+    with jax.ensure_compile_time_eval():
+        kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
+                                        q_seq_shards=1, block_sizes=sizes, interpret=interpret)
+    fn = getattr(mask, "mask_function", None)
+    if fn is not None:
+        _COMPUTED_BLOCKS[fn] = {phase: computed_blocks(info) for phase, info in (
+            ("fwd", kernel.fwd_mask_info), ("dq", kernel.dq_mask_info),
+            ("dkv", kernel.dkv_mask_info)) if info is not None}
+    return kernel
+
+
+def computed_blocks(mask_info) -> int:
+    """Blocks per head that splash computes for one of its `MaskInfo`s: the non-zero entries of
+    its block mask (0 = empty, skipped; 1 = partial; 2 = full), whatever the grid's width."""
+    block_mask = np.asarray(mask_info.block_mask)
+    return int(np.count_nonzero(block_mask)) // block_mask.shape[0]
 
 
 def splash_attention(q, k, v, key_mask, *, causal=False, window=0, interpret=False):
@@ -110,11 +135,14 @@ def kernel_for(q, *, causal, window, spec=None, interpret=False):
 # ---------------------------------------------------------------------------------------------
 
 def _phase(name):
-    return next((p for p in PHASE_FLOPS if f"_{p}" in name), None)
+    return next((p for p in ("fwd", "dq", "dkv") if f"_{p}" in name), None)
 
 
-def cost_estimate(name, grid, metadata, operands, out_shape):
-    """`pl.CostEstimate` of one splash call (module docstring), or None for an unknown one."""
+def cost_estimate(name, grid, metadata, operands, out_shape, mask_function=None):
+    """`pl.CostEstimate` of one splash call (module docstring), or None for an unknown one.
+
+    `grid` is the call's grid (heads first for fwd / dq, second for dkv); `mask_function` the
+    one splash passes its kernel (None: a full mask, every block of the grid computed)."""
     phase = _phase(name or "")
     if phase is None or not grid:
         return None
@@ -125,11 +153,18 @@ def cost_estimate(name, grid, metadata, operands, out_shape):
     floats = [x for x in operands if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2]
     if not bq or not bkv or not floats:
         return None
-    pairs = int(np.prod(grid)) * bq * bkv
+    heads = grid[1] if phase == "dkv" else grid[0]
+    per_head = _COMPUTED_BLOCKS.get(mask_function, {}).get(phase)
+    blocks = heads * per_head if per_head is not None else int(np.prod(grid))
+    pairs = blocks * bq * bkv
     head_dim = floats[0].shape[-1]
     outs = [o for o in jax.tree.leaves(out_shape) if o is not None]
+    # The fused dkv kernel has a fourth float result, dq (dq, dk, dv beside its residuals).
+    fused = phase == "dkv" and sum(1 for o in outs if len(o.shape) >= 2
+                                   and jnp.issubdtype(o.dtype, jnp.floating)) >= 3
+    per_pair = PHASE_FLOPS["dkv_fused" if fused else phase]
     nbytes = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in operands + outs)
-    return pl.CostEstimate(flops=PHASE_FLOPS[phase] * head_dim * pairs, transcendentals=pairs,
+    return pl.CostEstimate(flops=per_pair * head_dim * pairs, transcendentals=pairs,
                            bytes_accessed=nbytes)
 
 
@@ -146,8 +181,9 @@ def install_cost_estimates():
         grid = getattr(kwargs.get("grid_spec"), "grid", None) or kwargs.get("grid")
 
         def call(*operands):
+            fn = getattr(kernel, "keywords", {}).get("mask_function")
             est = cost_estimate(kwargs.get("name"), grid, kwargs.get("metadata"), operands,
-                                kwargs.get("out_shape"))
+                                kwargs.get("out_shape"), mask_function=fn)
             return real(kernel, *args, **dict(kwargs, cost_estimate=est))(*operands)
 
         return call
