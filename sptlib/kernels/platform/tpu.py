@@ -36,6 +36,8 @@ from jax.sharding import PartitionSpec as P
 from jax.experimental import pallas as pl
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_mask_info as mask_info_lib)
 
 LANES = 128
 # Flash FLOPs per (query, key) pair and head_dim unit, by splash kernel phase: QK^T and PV
@@ -66,24 +68,20 @@ def _kernel(length, heads, causal, window, interpret):
     b = _block(length)
     sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                               block_kv_dkv=b, block_kv_dkv_compute=b, use_fused_bwd_kernel=True)
-    # Concrete mask arrays even when first built inside a trace: the kernel is cached across
-    # traces, and its block masks are counted below.
-    with jax.ensure_compile_time_eval():
-        kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
-                                        q_seq_shards=1, block_sizes=sizes, interpret=interpret)
+    kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
+                                    q_seq_shards=1, block_sizes=sizes, interpret=interpret)
     fn = getattr(mask, "mask_function", None)
-    if fn is not None:
-        _COMPUTED_BLOCKS[fn] = {phase: computed_blocks(info) for phase, info in (
-            ("fwd", kernel.fwd_mask_info), ("dq", kernel.dq_mask_info),
-            ("dkv", kernel.dkv_mask_info)) if info is not None}
+    if fn is not None:  # every phase uses b x b blocks here, so one count serves all three
+        n = computed_blocks(mask, (b, b))
+        _COMPUTED_BLOCKS[fn] = {"fwd": n, "dq": n, "dkv": n}
     return kernel
 
 
-def computed_blocks(mask_info) -> int:
-    """Blocks per head that splash computes for one of its `MaskInfo`s: the non-zero entries of
-    its block mask (0 = empty, skipped; 1 = partial; 2 = full), whatever the grid's width."""
-    block_mask = np.asarray(mask_info.block_mask)
-    return int(np.count_nonzero(block_mask)) // block_mask.shape[0]
+def computed_blocks(mask, block_shape) -> int:
+    """Blocks of one head's splash `mask` that splash computes at `block_shape`: the non-zero
+    entries of the block mask it derives (0 = empty, skipped; 1 = partial; 2 = full)."""
+    info, _ = mask_info_lib.process_mask(masks.MultiHeadMask([mask]), block_shape)
+    return int(np.count_nonzero(np.asarray(info.block_mask)))
 
 
 def splash_attention(q, k, v, key_mask, *, causal=False, window=0, interpret=False):
