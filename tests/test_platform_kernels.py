@@ -69,8 +69,10 @@ def test_splash_local_band_both_sides_and_odd_length():
     _assert_equal_to_plain(fn, q, k, v, mask, w, False, 40)
 
 
-def test_splash_cost_estimate_counts_the_grid():
-    """Forward: 4 head_dim FLOPs per scheduled (query, key) pair; fused backward: 10."""
+def test_splash_cost_estimate_of_a_full_mask_counts_the_grid():
+    """A full mask (no mask function) computes every grid block. Forward: 4 head_dim FLOPs per
+    (query, key) pair; the dkv kernel 8, or 10 fused (its results dq, dk, dv). Masks that empty
+    blocks: tests/test_splash_costs.py."""
     grid, meta = (2, 4, 3), {"xprof_metadata": '{"block_q": 128, "block_kv": 128}'}
     q = jax.ShapeDtypeStruct((2, 512, 64), jnp.bfloat16)
     est = tpu.cost_estimate("splash_mha_fwd_segmented_no_residuals", grid, meta, [q, q, q], q)
@@ -78,8 +80,10 @@ def test_splash_cost_estimate_counts_the_grid():
     assert est.flops == 4 * 64 * pairs and est.transcendentals == pairs
     assert est.bytes_accessed == 4 * 2 * 512 * 64 * 2
     meta = {"xprof_metadata": '{"block_q_dkv": 256, "block_kv_dkv": 128}'}
-    est = tpu.cost_estimate("splash_mha_dkv_segmented", grid, meta, [q, q, q], q)
+    est = tpu.cost_estimate("splash_mha_dkv_segmented", grid, meta, [q, q, q], [q, q, q])
     assert est.flops == 10 * 64 * 2 * 4 * 3 * 256 * 128
+    est = tpu.cost_estimate("splash_mha_dkv_segmented", grid, meta, [q, q, q], [None, q, q])
+    assert est.flops == 8 * 64 * 2 * 4 * 3 * 256 * 128
     assert tpu.cost_estimate("some_other_kernel", grid, meta, [q], q) is None
 
 

@@ -9,19 +9,22 @@ import pytest
 
 from sptlib.kernels.platform import tpu
 
-BATCH, LENGTH, HEADS, HEAD_DIM, BLOCK = 2, 2048, 3, 32, 512  # 4 x 4 blocks of 512
+# 4 x 4 blocks of 512 forward; the backward's dkv kernel takes 512 queries x 1024 keys.
+BATCH, LENGTH, HEADS, HEAD_DIM, BLOCK, BLOCK_KV_DKV = 2, 2048, 3, 32, 512, 1024
 
 
-def _nonempty_blocks(length, block, causal, window):
-    """Blocks of block x block holding at least one kept (query, key) pair of the dense mask."""
+def _nonempty_blocks(length, block, causal, window, block_kv=None):
+    """Blocks of block x block_kv holding at least one kept (query, key) pair of the dense
+    mask."""
+    block_kv = block_kv or block
     i, j = np.arange(length)[:, None], np.arange(length)[None, :]
     keep = np.ones((length, length), bool)
     if causal:
         keep &= j <= i
     if window:
         keep &= np.abs(i - j) <= window
-    n = length // block
-    return int(keep.reshape(n, block, n, block).any(axis=(1, 3)).sum())
+    n, m = length // block, length // block_kv
+    return int(keep.reshape(n, block, m, block_kv).any(axis=(1, 3)).sum())
 
 
 def _declared(causal, window):
@@ -57,12 +60,15 @@ def test_declared_flops_count_only_the_masks_nonempty_blocks(causal, window):
     blocks = _nonempty_blocks(LENGTH, BLOCK, causal, window)
     assert blocks < 16 or not (causal or window)  # the masks do empty some blocks
     pairs = BATCH * HEADS * blocks * BLOCK * BLOCK
+    bwd_pairs = BATCH * HEADS * BLOCK * BLOCK_KV_DKV * _nonempty_blocks(
+        LENGTH, BLOCK, causal, window, BLOCK_KV_DKV)
     declared = _declared(causal, window)
     assert set(declared) == {"fwd", "dkv"}  # splash's fused backward: one dkv kernel forms dq
     # QK^T and PV forward; the fused dkv kernel recomputes QK^T, forms dP, dV, dK and dQ.
     assert declared["fwd"].flops == 4 * HEAD_DIM * pairs
-    assert declared["dkv"].flops == 10 * HEAD_DIM * pairs
-    assert declared["fwd"].transcendentals == declared["dkv"].transcendentals == pairs
+    assert declared["dkv"].flops == 10 * HEAD_DIM * bwd_pairs
+    assert declared["fwd"].transcendentals == pairs
+    assert declared["dkv"].transcendentals == bwd_pairs
 
 
 def test_a_causal_mask_declares_about_half_of_the_full_one():
