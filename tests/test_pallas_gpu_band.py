@@ -63,3 +63,14 @@ def test_rows_without_a_real_key_are_zero_with_zero_gradient():
     assert all(np.all(np.isfinite(g)) for g in grads)
     np.testing.assert_array_equal(grads[0][0, 24:], 0.0)  # no gradient into unseen rows
     np.testing.assert_array_equal(grads[1][0, 20:], 0.0)  # nor into padding keys
+
+
+def test_band_kernel_in_bfloat16():
+    q, k, v, mask = _inputs(40)
+    qb, kb, vb = (a.astype(jnp.bfloat16) for a in (q, k, v))
+    out = gpu_band.band_attention(qb, kb, vb, mask, 9, False, 16, True)
+    assert out.dtype == jnp.bfloat16
+    expected = reference.dot_product_attention(*(a.astype(jnp.float32) for a in (qb, kb, vb)),
+                                               mask, window=9)
+    seen = _seen(mask, 9, False)[:, :, None, None]
+    np.testing.assert_allclose(np.float32(out) * seen, expected * seen, atol=3e-2)
