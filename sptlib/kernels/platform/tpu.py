@@ -96,7 +96,10 @@ def computed_blocks(mask, block_shape) -> int:
 def splash_attention(q, k, v, key_mask, *, causal=False, window=0, interpret=False):
     """One shard's attention by splash (see the module docstring); shapes as the contract."""
     batch, length, heads, head_dim = q.shape
-    padded = -(-length // LANES) * LANES
+    # Past one block, pad to a multiple of 512: blocks of 512 (and 1024-key dkv blocks) instead
+    # of the 128 that e.g. 16,000 allows (whose fused backward writes a partial dQ per 128 keys).
+    unit = LANES if length <= 512 else 512
+    padded = -(-length // unit) * unit
     if padded != length:
         pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
         q, k, v = (jnp.pad(a, pad) for a in (q, k, v))
