@@ -70,6 +70,14 @@ def test_splash_local_band_both_sides_and_odd_length():
     _assert_equal_to_plain(fn, q, k, v, mask, w, False, 40)
 
 
+def test_splash_past_512_pads_to_a_multiple_of_512():
+    """Past one block, lengths pad to a multiple of 512 (520 -> 1024: two blocks, 1024-key
+    backward blocks), still plain's function."""
+    q, k, v, mask, w = _case(520, heads=1, pad=30)
+    fn = functools.partial(tpu.splash_attention, causal=True, interpret=True)
+    _assert_equal_to_plain(fn, q, k, v, mask, w, True, 0)
+
+
 def test_splash_cost_estimate_of_a_full_mask_counts_the_grid():
     """A full mask (no mask function) computes every grid block. Forward: 4 head_dim FLOPs per
     (query, key) pair; the dkv kernel 8, or 10 fused (its results dq, dk, dv). Masks that empty
