@@ -189,15 +189,23 @@ def test_cli_pathx_transformer_pretrain_fits_a_v4_8(tmp_path):
     # never fewer than at the bound.
     assert rec["mfu_assumed"] == 0.4 and rec["mfu"] == min(0.4, rec["bound_mfu"])
     assert rec["chip_hours"] == pytest.approx(
-        rec["steps"] * rec["flops_per_step"] / (275e12 * min(0.4, rec["bound_mfu"])) / 3600)
+        rec["steps"] * rec["model_flops"] / (275e12 * min(0.4, rec["bound_mfu"])) / 3600)
     assert rec["chip_hours"] >= rec["chip_hours_bound"]
     assert "lra.py:pathx,transformer,spt-masked" in out.stdout and "pretrain" in out.stdout
     # The resolved stage (sptlib.train.resolve): bf16 compute and splash attention on a TPU,
     # and the compiler's step-time bound with the chip-hours it allows.
     assert rec["attention_kernel"] == "splash" and rec["dtype"] == "bfloat16"
     assert 0 < rec["bound_mfu"] < 1 and rec["bound_seconds"] > 0
+    # The bound is model FLOPs over the best-case time of the step with its layers unrolled:
+    # libtpu costs a scanned layer once, so the step as trained (scanned) looks faster.
+    assert rec["bound_from"] == "unrolled"
+    assert rec["scanned_bound_seconds"] < rec["bound_seconds"]
+    assert rec["bound_mfu"] == pytest.approx(
+        rec["model_flops"] / (rec["chips"] * rec["bound_seconds"] * 275e12))
     assert rec["chip_hours_bound"] == pytest.approx(
-        rec["steps"] * rec["flops_per_step"] / (275e12 * rec["bound_mfu"]) / 3600)
+        rec["steps"] * rec["chips"] * rec["bound_seconds"] / 3600)
+    # Recomputation (remat) and the kernels' extra work: compiler FLOPs above model FLOPs.
+    assert 1 < rec["compiler_ratio"] < 2
     assert "bound" in out.stdout and "MFU" in out.stdout
 
 

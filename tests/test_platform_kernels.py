@@ -4,9 +4,10 @@
   band both ways, causal band; key padding; lengths that are not multiples of 128), its cost
   estimates, and that a step traced under a TPU mesh lowers to it (compiled for a v4 slice in
   tests/test_aot.py too).
-- GPU: the banded-block attention of bidirectional windows (forward and gradients, odd lengths,
-  blocks smaller and larger than the window), and the cuDNN call's argument mapping, checked
-  through the same `jax.nn.dot_product_attention` call with `implementation="xla"` (no GPU here).
+- GPU: the cuDNN call's argument mapping for any key padding and for rows without a real key,
+  checked through the same `jax.nn.dot_product_attention` call with `implementation="xla"` (no
+  GPU here); the kernel choice; the Pallas band kernel lowering to Triton for CUDA (its values:
+  tests/test_pallas_gpu_band.py).
 - The choice itself: which kernel the dispatcher lowers per platform.
 """
 
@@ -69,8 +70,18 @@ def test_splash_local_band_both_sides_and_odd_length():
     _assert_equal_to_plain(fn, q, k, v, mask, w, False, 40)
 
 
-def test_splash_cost_estimate_counts_the_grid():
-    """Forward: 4 head_dim FLOPs per scheduled (query, key) pair; fused backward: 10."""
+def test_splash_past_512_pads_to_a_multiple_of_512():
+    """Past one block, lengths pad to a multiple of 512 (520 -> 1024: two blocks, 1024-key
+    backward blocks), still plain's function."""
+    q, k, v, mask, w = _case(520, heads=1, pad=30)
+    fn = functools.partial(tpu.splash_attention, causal=True, interpret=True)
+    _assert_equal_to_plain(fn, q, k, v, mask, w, True, 0)
+
+
+def test_splash_cost_estimate_of_a_full_mask_counts_the_grid():
+    """A full mask (no mask function) computes every grid block. Forward: 4 head_dim FLOPs per
+    (query, key) pair; the dkv kernel 8, or 10 fused (its results dq, dk, dv). Masks that empty
+    blocks: tests/test_splash_costs.py."""
     grid, meta = (2, 4, 3), {"xprof_metadata": '{"block_q": 128, "block_kv": 128}'}
     q = jax.ShapeDtypeStruct((2, 512, 64), jnp.bfloat16)
     est = tpu.cost_estimate("splash_mha_fwd_segmented_no_residuals", grid, meta, [q, q, q], q)
@@ -78,8 +89,10 @@ def test_splash_cost_estimate_counts_the_grid():
     assert est.flops == 4 * 64 * pairs and est.transcendentals == pairs
     assert est.bytes_accessed == 4 * 2 * 512 * 64 * 2
     meta = {"xprof_metadata": '{"block_q_dkv": 256, "block_kv_dkv": 128}'}
-    est = tpu.cost_estimate("splash_mha_dkv_segmented", grid, meta, [q, q, q], q)
+    est = tpu.cost_estimate("splash_mha_dkv_segmented", grid, meta, [q, q, q], [q, q, q])
     assert est.flops == 10 * 64 * 2 * 4 * 3 * 256 * 128
+    est = tpu.cost_estimate("splash_mha_dkv_segmented", grid, meta, [q, q, q], [None, q, q])
+    assert est.flops == 8 * 64 * 2 * 4 * 3 * 256 * 128
     assert tpu.cost_estimate("some_other_kernel", grid, meta, [q], q) is None
 
 
@@ -107,54 +120,70 @@ def test_splash_compiles_for_a_v4_chip_with_a_cost():
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU: banded blocks (bidirectional windows) and the cuDNN argument mapping
+# GPU: the cuDNN argument mapping and the kernel choice (the Pallas band kernel:
+# tests/test_pallas_gpu_band.py)
 
-@pytest.mark.parametrize("length,window,block,causal", [
-    (37, 5, 8, False), (50, 7, 16, False), (33, 40, 8, False), (64, 16, 16, True),
-    (70, 9, 32, True)])
-def test_banded_blocks_equal_plain(length, window, block, causal):
-    q, k, v, mask, w = _case(length, heads=3, head_dim=8, pad=6)
-    fn = functools.partial(gpu.banded_attention, window=window, block=block, causal=causal)
-    real = np.asarray(mask)[..., None, None]
-    plain = functools.partial(ref.dot_product_attention, causal=causal, window=window)
-    np.testing.assert_allclose(np.where(real, fn(q, k, v, mask), 0),
-                               np.where(real, plain(q, k, v, mask), 0), atol=2e-6)
-    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v, mask) * w)
-    for a, b in zip(jax.grad(loss(fn), argnums=(0, 1, 2))(q, k, v),
-                    jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)):
-        np.testing.assert_allclose(a, b, atol=5e-5)
+def _scattered(mask):
+    """`mask` with every third key of row 0 also padding (not only at the end of a row)."""
+    return mask.at[0, ::3].set(False)
 
 
-def test_banded_blocks_in_bfloat16():
-    q, k, v, mask, _ = _case(96, heads=2, head_dim=16)
-    qb, kb, vb = (a.astype(jnp.bfloat16) for a in (q, k, v))
-    out = gpu.banded_attention(qb, kb, vb, mask, window=20, block=32)
-    assert out.dtype == jnp.bfloat16
-    expected = ref.dot_product_attention(*(a.astype(jnp.float32) for a in (qb, kb, vb)), mask,
-                                         window=20)
-    real = np.asarray(mask)[..., None, None]
-    np.testing.assert_allclose(np.where(real, np.float32(out), 0), np.where(real, expected, 0),
-                               atol=3e-2)
-
-
-@pytest.mark.parametrize("causal,window", [(False, 0), (True, 0), (True, 6)])
-def test_cudnn_call_maps_padding_causal_and_window(causal, window):
-    """The cuDNN call's arguments (scale 1, key lengths for padding at the end, a left window
-    with the causal mask) give plain's function when XLA runs the same call."""
+@pytest.mark.parametrize("causal,window,scatter", [(False, 0, False), (True, 0, False),
+                                                   (True, 6, False), (False, 0, True),
+                                                   (True, 6, True)])
+def test_cudnn_call_maps_padding_causal_and_window(causal, window, scatter):
+    """The cuDNN call's arguments (scale 1; key lengths for padding at the end of every row,
+    else the key mask; a left window with the causal mask) give plain's function when XLA runs
+    the same call, for any key padding."""
     q, k, v, mask, _ = _case(40, heads=2, head_dim=8, pad=9)
+    mask = _scattered(mask) if scatter else mask
     out = gpu.cudnn_attention(q, k, v, mask, causal=causal, window=window, implementation="xla")
     expected = ref.dot_product_attention(q, k, v, mask, causal=causal, window=window)
     real = np.asarray(mask)[..., None, None]
     np.testing.assert_allclose(np.where(real, out, 0), np.where(real, expected, 0), atol=2e-6)
 
 
+@pytest.mark.parametrize("causal,window", [(False, 0), (True, 0), (True, 2)])
+def test_cudnn_rows_without_a_real_key_are_zero(causal, window):
+    q, k, v, _, _ = _case(12, heads=2, head_dim=8)
+    mask = jnp.array([[False] * 12, [False] * 5 + [True] * 7])  # row 0: no real key at all
+    out = gpu.cudnn_attention(q, k, v, mask, causal=causal, window=window, implementation="xla")
+    assert np.all(np.isfinite(out))
+    np.testing.assert_array_equal(out[0], 0.0)
+    # Row 1: queries before the first real key see none when causal.
+    np.testing.assert_array_equal(out[1, :5] == 0, np.full((5, 2, 8), causal))
+    expected = ref.dot_product_attention(q, k, v, mask, causal=causal, window=window)
+    np.testing.assert_allclose(out[1, 5:], expected[1, 5:], atol=2e-6)
+    grads = jax.grad(lambda q, k, v: gpu.cudnn_attention(
+        q, k, v, mask, causal=causal, window=window, implementation="xla").sum(),
+        argnums=(0, 1, 2))(q, k, v)
+    assert all(np.all(np.isfinite(g)) for g in grads)
+
+
 def test_gpu_kernel_choice():
     half = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
-    assert gpu.kernel_for(half, causal=False, window=0).func is gpu.cudnn_attention
-    assert gpu.kernel_for(half, causal=True, window=8).func is gpu.cudnn_attention
-    assert gpu.kernel_for(half, causal=False, window=8).func is gpu.banded_attention
-    assert gpu.kernel_for(half.astype(jnp.float32), causal=False, window=0) is None
-    assert gpu.kernel_for(jnp.zeros((1, 8, 2, 12), jnp.bfloat16), causal=True, window=0) is None
+    choice = functools.partial(gpu.choice, gpu_vendor="cuda")
+    assert choice(jnp.bfloat16, 64, causal=False, window=0) == "cudnn"
+    assert choice(jnp.bfloat16, 64, causal=True, window=8) == "cudnn"
+    assert choice(jnp.bfloat16, 64, causal=False, window=8) == "pallas"  # cuDNN: no right window
+    assert choice(jnp.float32, 64, causal=False, window=0) == "pallas"  # cuDNN: half only
+    assert choice(jnp.bfloat16, 12, causal=True, window=0) == "pallas"  # head size
+    assert gpu.kernel_for(half, causal=True, window=0).func is gpu.cudnn_attention
+    with pytest.warns(UserWarning, match="ROCm.*jnp reference"):
+        gpu._warn_rocm.cache_clear()
+        assert gpu.choice(jnp.bfloat16, 64, causal=False, window=0, gpu_vendor="rocm") is None
+
+
+def test_gpu_pallas_kernel_lowers_to_triton_for_cuda():
+    """The Pallas band kernel, forward and backward, lowers for CUDA to Triton calls on this
+    CPU (compiling them to GPU code needs a GPU)."""
+    x = jax.ShapeDtypeStruct((2, 300, 2, 32), jnp.bfloat16)
+    m = jax.ShapeDtypeStruct((2, 300), jnp.bool_)
+    fn = gpu.kernel_for(jnp.zeros((2, 300, 2, 32), jnp.bfloat16), causal=False, window=40)
+    grad = jax.grad(lambda q, k, v, m: fn(q, k, v, m).astype(jnp.float32).sum(),
+                    argnums=(0, 1, 2))
+    text = jax.jit(grad).trace(x, x, x, m).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 3  # forward, dK/dV, dQ
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ causal) — and differ in the memory of their jnp reference:
 
 The kernel behind the algorithm is chosen by the platform the step runs on
 (`sptlib.kernels.platform`): a fused CPU kernel for ``plain`` on CPU, cuDNN flash attention
-(half precision) or banded blocks on GPU, Pallas splash attention on TPU, else the jnp
-reference. `kernel="reference"` forces the reference (benchmarks, tests).
+(half precision) or a Pallas (Triton) band kernel on CUDA GPUs, Pallas splash attention on TPU,
+else the jnp reference. `kernel="reference"` forces the reference (benchmarks, tests).
 
 Positions: ``rotary`` (applied to queries and keys, so scores depend on relative position only) or
 ``none`` (absolute positions, if any, are added by the encoder: `config.model.positions`).

@@ -8,13 +8,23 @@ objective, optimizer, mesh, logical rules, shardings, state donation), but abstr
 (`ShapeDtypeStruct`s, nothing allocated) on the devices of the named slice, taken from libtpu's
 topology description; XLA then compiles the real train step and eval step for those TPUs. The
 compile reports what the pod would see: memory per chip (arguments, temporaries, outputs, the
-aliased i.e. donated bytes) against the chip's HBM, or the out-of-memory error itself. FLOPs per
-step are counted from the traced step with every loop's trip count (`sptlib.train.flops`; XLA's
-own count, which sees a loop body once, is kept as `xla_flops`). Chip-hours of a stage =
-steps × FLOPs per step / (peak bf16 FLOP/s per chip × MFU), given as a range: at the compiler's
-bound (`compiler_bound`: libtpu's cost model of the compiled step, the fewest chip-hours it
-allows) and at `--mfu` (a labelled assumption, 40% by default, capped by the bound: no step
-beats the compiler's best case).
+aliased i.e. donated bytes) against the chip's HBM, or the out-of-memory error itself.
+
+Utilisation, as PaLM counts it. `model_flops` is the useful work of one train step
+(`sptlib.train.flops.stage_model_flops`: 6 x non-embedding parameters x tokens + 12 x sequences x
+attended (query, key) pairs x attention width x attention layers; pairs L^2 bidirectional,
+L(L+1)/2 causal, the band of a local window). `bound_seconds` is libtpu's best-case time of the
+train step (`optimal_seconds` of `compiled.cost_analysis()`, per chip: every op at its
+roofline, perfect overlap). libtpu costs a scanned loop's body once but the rest of the step in
+full, so a step whose layers run under `nn.scan` is compiled a second time with its layers
+unrolled (`model.scan_layers=False`) for the estimate; memory is the scanned step's, as trained.
+Then `bound_mfu = model_flops / (chips x bound_seconds x peak bf16 FLOP/s)`, the most model FLOP
+utilisation the step can reach, and `compiler_ratio = XLA's FLOPs / model_flops` (how much
+remat recomputation and declared Pallas work the step adds; 1.33 is one full recomputation of
+the dense layers). Chip-hours of a stage from the same time: steps x chips x bound_seconds at the
+bound, and steps x model_flops / (peak x MFU) at `--mfu` (a labelled assumption, 40% by default,
+capped by the bound). `flops_per_step` is the traced program's count with every loop's trip
+count (`sptlib.train.flops.step_flops`; a Pallas call's work is invisible to it).
 
 Exit status: 0 when every stage fits, 1 otherwise (one line per failing stage on stderr, naming
 the config, the stage, bytes per chip, the HBM and what to change), 2 without libtpu (install
@@ -39,6 +49,8 @@ from ml_collections import config_flags
 from sptlib import data as data_lib
 from sptlib.protocol import compare_jobs
 from sptlib.slices import meshes, topologies
+from sptlib.slices.utilisation import (  # noqa: F401 - part of this module's API
+    _gib, compiler_bound, format_row, markdown, utilisation)
 from sptlib.configs import common
 from sptlib.train import flops, setup
 
@@ -76,8 +88,12 @@ def define_flags():
     flags.DEFINE_string("match", "", "With --all: only configs whose name (e.g. "
                         "'lra.py:pathx,s4,spt-masked') matches this regular expression.")
     flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
-    flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
+    flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/benchmarks.md).")
     flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
+    flags.DEFINE_enum("estimate", "unrolled", ["unrolled", "scanned"],
+                      "Step time for the bound: from the train step compiled again with its "
+                      "layers unrolled (unbiased), or from the scanned step as trained (one "
+                      "compile; libtpu costs the scanned layer body once).")
     flags.DEFINE_integer("jobs", 0, "Stages compiled at once (threads); 0: one per core of "
                          "this process's CPU set.")
     flags.DEFINE_float("effort", FAST_EFFORT, "XLA's execution-time optimisation effort for "
@@ -101,10 +117,6 @@ def paper_configs():
                 arg = ",".join(x for x in (task, model, PAPER_REGIME) if x)
                 out.append((f"{file}:{arg}", module.get_config(arg)))
     return out
-
-
-def _gib(n):
-    return n / topologies.GIB
 
 
 def _advice(config, stage_name, spec, mesh_batch, effort=0.0):
@@ -160,7 +172,8 @@ def _on_slice(config):
     return config
 
 
-def compile_stage(name, config, stage_name, spec, devices, mfu, effort=FAST_EFFORT):
+def compile_stage(name, config, stage_name, spec, devices, mfu, effort=FAST_EFFORT,
+                  estimate="unrolled"):
     """The record of one stage (see the module docstring); raises DoesNotFit."""
     stage = config.stages[stage_name]
     where = f"{name} stage {stage_name} on {spec.name}"
@@ -186,40 +199,38 @@ def compile_stage(name, config, stage_name, spec, devices, mfu, effort=FAST_EFFO
            "hbm_bytes": spec.hbm_bytes, "num_params": built.num_params,
            "dtype": built.resolved.model_cfg.dtype,
            "attention_kernel": built.resolved.attention_kernel}
+    model = flops.stage_model_flops(config, stage_name, built.model_cfg, built.state.params)
+    rec.update(model_flops=model["model_flops"], model_attention_flops=model["attention_flops"],
+               attended_pairs=model["pairs"], tokens=model["tokens"])
     for kind, step, batch in (("train", built.train_step, built.example_batch),
                               ("eval", built.eval_step, eval_batch)):
-        try:
-            compiled = step.lower(built.state, batch).compile(
-                compiler_options={"exec_time_optimization_effort": float(effort)})
-        except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error
-            msg = str(e)
-            if "RESOURCE_EXHAUSTED" not in msg and "Ran out of memory" not in msg:
-                raise
-            need = re.search(r"\(([\d.]+[KMGT]?)\) exceeds", msg)
-            raise DoesNotFit(
-                f"{where}: the {kind} step needs {_xla_bytes(need)} "
-                f"per chip, more than the {_gib(spec.hbm_bytes):.0f} GiB HBM of a "
-                f"{spec.generation} chip; use "
-                f"{_advice(config, stage_name, spec, mesh_batch, effort)}") \
-                from None
+        compiled = _compile(step, built.state, batch, effort, kind, where, config, stage_name,
+                            spec, mesh_batch)
         mem = _memory(compiled)
         if kind == "train":
             rec.update(mem)
             rec["flops_per_step"] = flops.step_flops(step, built.state, batch)
-            rec.update(compiler_bound(compiled.cost_analysis(), spec))
+            scanned = compiler_bound(compiled.cost_analysis(), spec)
         else:
             rec["eval_total_bytes"] = mem["total_bytes"]
+    rec["scanned_bound_seconds"] = scanned["bound_seconds"]
+    if estimate == "unrolled" and _scans_layers(config):
+        rec["bound_from"] = "unrolled"
+        unrolled = copy.deepcopy(config)
+        unrolled.model.scan_layers = False
+        ub = setup.build_stage(unrolled, stage_name, info=built.info, devices=devices,
+                               abstract=True)
+        try:
+            compiled = _compile(ub.train_step, ub.state, ub.example_batch, effort, "train",
+                                where, config, stage_name, spec, mesh_batch)
+            rec.update(compiler_bound(compiled.cost_analysis(), spec))
+        except DoesNotFit:  # unrolled, more is live at once: no estimate (the stage still fits)
+            rec.update(xla_flops=None, bound_seconds=None)
+    else:
+        rec["bound_from"] = "as compiled"
+        rec.update(scanned)
+    rec.update(utilisation(rec, spec, mfu))
     rec["compile_s"] = round(time.perf_counter() - t0, 1)
-    # An assumed MFU above the compiler's bound is impossible: the assumption is capped by it,
-    # so the two figures always form a range (bound <= assumed).
-    rec["mfu"] = min(mfu, rec["bound_mfu"]) if rec.get("bound_mfu") else mfu
-    rec["mfu_assumed"] = mfu
-    rec["chip_hours"] = (rec["steps"] * rec["flops_per_step"]
-                         / (spec.peak_flops * rec["mfu"]) / 3600.0)
-    # The fewest chip-hours the compiler's cost model allows (None without an estimate).
-    rec["chip_hours_bound"] = (rec["steps"] * rec["flops_per_step"]
-                               / (spec.peak_flops * rec["bound_mfu"]) / 3600.0
-                               if rec.get("bound_mfu") else None)
     rec["effort"] = float(effort)
     worst = max(rec["total_bytes"], rec["eval_total_bytes"])
     rec["fits"] = worst <= spec.hbm_bytes
@@ -231,66 +242,29 @@ def compile_stage(name, config, stage_name, spec, devices, mfu, effort=FAST_EFFO
     return rec
 
 
-def compiler_bound(cost, spec):
-    """The compiler's step-time bound from `compiled.cost_analysis()` (per chip).
-
-    libtpu's cost model gives `flops` and `optimal_seconds` for one chip's program: the time of
-    the step if every op ran at its roofline (peak FLOP/s or HBM bandwidth, whichever binds),
-    with no stalls, no imperfect overlap and no launch overheads. A scanned loop's body counts
-    once in both, so `bound_mfu = flops / (optimal_seconds x peak bf16 FLOP/s)` is an upper
-    bound on the MFU the step can reach (not a prediction). A Pallas call without a cost
-    estimate has no cost (every sptlib Pallas call sets one); a negative or missing
-    `optimal_seconds` means no estimate (e.g. `--effort=0`), recorded as None.
-    """
-    cost = cost or {}
-    chip_flops = float(cost.get("flops", 0.0))
-    seconds = float(cost.get("optimal_seconds", -1.0))
-    ok = seconds > 0 and chip_flops > 0
-    return {"xla_flops": chip_flops * spec.num_devices if cost else None,
-            "bound_seconds": seconds if ok else None,
-            "bound_mfu": chip_flops / (seconds * spec.peak_flops) if ok else None}
+def _scans_layers(config):
+    m = config.model
+    return bool(m.get("scan_layers", True)) and int(m.n_layers) > 1 and m.pattern == "uniform"
 
 
-def _pct(x):
-    return f"{x:.1%}" if x is not None else "n/a"
-
-
-def format_row(r) -> str:
-    capped = "assumed" if r["mfu"] == r.get("mfu_assumed", r["mfu"]) else "capped by the bound"
-    return (f"{r['config']:<45} {r['stage']:<9} {r['slice']:<7} "
-            f"{_gib(r['total_bytes']):6.1f}/{_gib(r['hbm_bytes']):.0f} GiB "
-            f"(args {_gib(r['argument_bytes']):.2f}, temp {_gib(r['temp_bytes']):.2f}, "
-            f"out {_gib(r['output_bytes']):.2f}, aliased {_gib(r['alias_bytes']):.2f}; "
-            f"eval {_gib(r['eval_total_bytes']):.1f}) {r['flops_per_step'] / 1e12:8.2f} TFLOP/step "
-            f"{r['steps']:>8} steps; bound {_pct(r.get('bound_mfu'))} MFU, chip-h "
-            f"{_hours(r.get('chip_hours_bound'))} (bound) / {r['chip_hours']:.1f} (at "
-            f"{r['mfu']:.0%} MFU, {capped})  compile {r['compile_s']:.0f} s")
-
-
-def _hours(h):
-    return f"{h:,.1f}" if h is not None else "n/a"
-
-
-def markdown(records, mfu) -> str:
-    """The docs/reproducing.md table: one row per task x model x stage."""
-    lines = [f"| task | model | stage | slice | memory/chip / HBM | step FLOPs | steps | "
-             f"compiler bound: MFU | chip-hours: bound | chip-hours at {mfu:.0%} MFU "
-             "(assumed; the bound where lower) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        if "error" in r:
-            lines.append(f"| {r['config']} | | {r['stage']} | {r.get('slice', '')} | "
-                         f"does not fit: {r['error']} | | | | | |")
-            continue
-        lines.append(f"| {r['task']} | {r['model']} | {r['stage']} | {r['slice']} | "
-                     f"{_gib(max(r['total_bytes'], r['eval_total_bytes'])):.1f} / "
-                     f"{_gib(r['hbm_bytes']):.0f} GiB | {r['flops_per_step']:.3g} | "
-                     f"{r['steps']:,} | {_pct(r.get('bound_mfu'))} | "
-                     f"{_hours(r.get('chip_hours_bound'))} | {_hours(r['chip_hours'])} |")
-    return "\n".join(lines)
+def _compile(step, state, batch, effort, kind, where, config, stage_name, spec, mesh_batch):
+    """`step` compiled for the slice; an out-of-memory compile raises DoesNotFit (one line)."""
+    try:
+        return step.lower(state, batch).compile(
+            compiler_options={"exec_time_optimization_effort": float(effort)})
+    except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error
+        msg = str(e)
+        if "RESOURCE_EXHAUSTED" not in msg and "Ran out of memory" not in msg:
+            raise
+        need = re.search(r"\(([\d.]+[KMGT]?)\) exceeds", msg)
+        raise DoesNotFit(
+            f"{where}: the {kind} step needs {_xla_bytes(need)} per chip, more than the "
+            f"{_gib(spec.hbm_bytes):.0f} GiB HBM of a {spec.generation} chip; use "
+            f"{_advice(config, stage_name, spec, mesh_batch, effort)}") from None
 
 
 def run(configs, *, topology="", stage_only="", mfu=0.4, effort=FAST_EFFORT, jobs=1,
-        emit=print, warn=None, on_record=None):
+        emit=print, warn=None, on_record=None, estimate="unrolled"):
     """Compiles every stage of every `(name, config)`; returns (records, failure lines).
 
     `jobs` stages compile at once, in threads (XLA compiles without holding the GIL, so two
@@ -319,7 +293,7 @@ def run(configs, *, topology="", stage_only="", mfu=0.4, effort=FAST_EFFORT, job
         name, config, stage_name, spec = task
         try:
             return compile_stage(name, config, stage_name, spec, device_cache[spec.name], mfu,
-                                 effort)
+                                 effort, estimate)
         except DoesNotFit as e:
             return {"config": name, "stage": stage_name, "slice": spec.name, "error": str(e),
                     "fits": False}
@@ -359,7 +333,7 @@ def main(argv):
         if FLAGS.topology:
             topologies.slice_spec(FLAGS.topology)  # a bad name fails before any compile
         records, failures = run(configs, topology=FLAGS.topology, stage_only=FLAGS.stage,
-                                mfu=FLAGS.mfu, effort=FLAGS.effort,
+                                mfu=FLAGS.mfu, effort=FLAGS.effort, estimate=FLAGS.estimate,
                                 jobs=FLAGS.jobs or len(compare_jobs.usable_cores()),
                                 on_record=_write_json if FLAGS.json else None)
     except ValueError as e:

@@ -125,3 +125,74 @@ def estimate_flops(config, stage: str, num_params: int) -> dict:
         flops += fft * width * tokens * n_ssm * (2 if not m.causal else 1)
     hours = flops / (TPU_V4_PEAK_FLOPS * DEFAULT_MFU) / 3600.0
     return {"flops": flops, "tokens": tokens, "tpu_v4_hours": hours, "seq_len": L}
+
+
+# ------------------------------------------------------------------------------------------------
+# Model FLOPs (PaLM's count): the useful work of a step, whatever the kernels or remat do.
+# ------------------------------------------------------------------------------------------------
+
+# Parameters read by a lookup, not a matmul: token embeddings (`nn.Embed`) and learned positions.
+EMBEDDING_PARAMS = ("embedding", "positions")
+
+
+def attended_pairs(length: int, *, causal: bool = False, window: int = 0) -> int:
+    """(query, key) pairs one attention head scores in a sequence of `length`: L² bidirectional,
+    L(L+1)/2 causal, and for a local window only the band (|i - j| <= window; 0 <= i - j <=
+    window when causal)."""
+    n, w = int(length), int(window)
+    if w <= 0 or w >= n - 1:
+        return n * (n + 1) // 2 if causal else n * n
+    # Row i sees min(i, w) keys behind it (and min(n - 1 - i, w) ahead when bidirectional).
+    behind = w * (w - 1) // 2 + (n - w) * w  # sum over i of min(i, w)
+    return n + behind if causal else n + 2 * behind
+
+
+def non_embedding_params(params) -> int:
+    """Parameter count less the lookup tables (EMBEDDING_PARAMS): what a token's matmuls use."""
+    import jax  # deferred: the closed-form estimates above need no JAX
+
+    total = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        if not any(k in EMBEDDING_PARAMS for k in keys):
+            total += int(np.prod(leaf.shape))
+    return total
+
+
+def model_flops(*, params: int, sequences: int, length: int, attention_layers: int = 0,
+                attention_width: int = 0, causal: bool = False, window: int = 0) -> dict:
+    """Model FLOPs of one training step as PaLM counts them (Chowdhery et al. 2022, app. B):
+
+        6 · N · tokens + 12 · sequences · attended_pairs · attention_width · attention_layers
+
+    N the non-embedding parameters, tokens = sequences · length (forward 2 and backward 4 FLOPs
+    per parameter and token; forward 4 and backward 8 per scored pair and feature for QKᵀ and
+    AV). Remat recomputation and masked-out work are not model FLOPs. Returns {model_flops,
+    dense_flops, attention_flops, tokens, pairs}."""
+    tokens = int(sequences) * int(length)
+    pairs = attended_pairs(length, causal=causal, window=window) if attention_layers else 0
+    dense = 6.0 * params * tokens
+    attn = 12.0 * sequences * pairs * attention_width * attention_layers
+    return {"model_flops": dense + attn, "dense_flops": dense, "attention_flops": attn,
+            "tokens": tokens, "pairs": pairs}
+
+
+def stage_model_flops(config, stage: str, model_cfg, params) -> dict:
+    """`model_flops` of one training step of a stage as built: `model_cfg` the resolved model
+    (`config.model` with data fields filled in), `params` the parameter tree (arrays or
+    `ShapeDtypeStruct`s)."""
+    m, st = model_cfg, config.stages[stage]
+    docs = 2 if config.data.task == "retrieval" else 1
+    n_attn = 0
+    if m.mixer == "attention" and m.pattern != "bow":
+        n_attn = m.n_layers
+    elif m.pattern == "gss_hybrid":
+        n_attn = len(range(1, m.n_layers, 4))
+    if st.get("bypass_mixers", False):
+        n_attn = 0
+    a = m.attention
+    width = int(a.n_heads) * int(a.head_dim or m.d_model // a.n_heads)
+    return model_flops(params=non_embedding_params(params), sequences=int(st.batch_size) * docs,
+                       length=data.sequence_length(config.data), attention_layers=n_attn,
+                       attention_width=width, causal=bool(m.causal),
+                       window=int(a.window or 0))

@@ -8,7 +8,8 @@ platform, the fused kernels that compute the same functions faster:
     platform  attention (plain, chunked, local)          convolution / S4 / dense weight grad
     cpu       cpu/attention.py (C++, plain only)          cpu/conv.py, cpu/s4.py, cpu/linear.py
     gpu       gpu.py: cuDNN flash attention (bf16/fp16),  jnp (XLA)
-              banded blocks for bidirectional windows
+              gpu_band.py: Pallas (Triton) flash kernel
+              for bidirectional windows and fp32
     tpu       tpu.py: Pallas splash attention             jnp (XLA)
 
 The platform is the one the step is traced for: the devices of the mesh in context
@@ -118,7 +119,7 @@ def prepare_process():
 def attention_kernel(where, *, algorithm="plain", dtype="float32", head_dim=64, causal=False,
                      window=0, kernel="auto"):
     """The name of the kernel `attention` runs for these arguments on platform `where`:
-    ``cpu`` (the C++ kernel), ``cudnn``, ``banded``, ``splash`` or ``reference`` (jnp)."""
+    ``cpu`` (the C++ kernel), ``cudnn``, ``pallas`` (GPU), ``splash`` or ``reference`` (jnp)."""
     if kernel == "reference":
         return "reference"
     if where == "cpu":
@@ -171,7 +172,7 @@ def attention(q, k, v, key_mask=None, *, causal=False, window=0, algorithm="plai
         from sptlib.kernels.platform.cpu import attention as cpu_attention  # deferred: CPU only
         branches["cpu"] = functools.partial(cpu_attention.attention, causal=causal,
                                             window=window)
-    elif name in ("cudnn", "banded"):
+    elif name in ("cudnn", "pallas"):
         from sptlib.kernels.platform import gpu  # deferred: GPU only
         branches["cuda"] = gpu.kernel_for(q, causal=causal, window=window)
     elif name == "splash":

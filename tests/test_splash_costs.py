@@ -1,0 +1,77 @@
+"""Splash attention declares the work of the blocks its mask computes, no more
+(`sptlib.kernels.platform.tpu.cost_estimate`): checked against a direct count of a dense mask's
+non-empty blocks. Traced only (Pallas interpret mode on CPU); nothing runs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sptlib.kernels.platform import tpu
+
+# 4 x 4 blocks of 512 forward; the backward's dkv kernel takes 512 queries x 1024 keys.
+BATCH, LENGTH, HEADS, HEAD_DIM, BLOCK, BLOCK_KV_DKV = 2, 2048, 3, 32, 512, 1024
+
+
+def _nonempty_blocks(length, block, causal, window, block_kv=None):
+    """Blocks of block x block_kv holding at least one kept (query, key) pair of the dense
+    mask."""
+    block_kv = block_kv or block
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    keep = np.ones((length, length), bool)
+    if causal:
+        keep &= j <= i
+    if window:
+        keep &= np.abs(i - j) <= window
+    n, m = length // block, length // block_kv
+    return int(keep.reshape(n, block, m, block_kv).any(axis=(1, 3)).sum())
+
+
+def _declared(causal, window):
+    """{phase: CostEstimate} of the Pallas calls in splash attention's forward and backward."""
+    x = jnp.ones((BATCH, LENGTH, HEADS, HEAD_DIM), jnp.float32)
+    mask = jnp.ones((BATCH, LENGTH), bool)
+
+    def loss(q, k, v):
+        return tpu.splash_attention(q, k, v, mask, causal=causal, window=window,
+                                    interpret=True).sum()
+
+    tpu.install_cost_estimates()
+    out = {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                name = eqn.params["name"]
+                out[tpu._phase(name)] = eqn.params["cost_estimate"]
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    sub = getattr(sub, "jaxpr", sub)
+                    if hasattr(sub, "eqns"):
+                        walk(sub)
+
+    walk(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, x, x).jaxpr)
+    return out
+
+
+@pytest.mark.parametrize("causal,window", [(False, 0), (True, 0), (False, 300), (True, 300),
+                                           (False, 600)])
+def test_declared_flops_count_only_the_masks_nonempty_blocks(causal, window):
+    blocks = _nonempty_blocks(LENGTH, BLOCK, causal, window)
+    assert blocks < 16 or not (causal or window)  # the masks do empty some blocks
+    pairs = BATCH * HEADS * blocks * BLOCK * BLOCK
+    bwd_pairs = BATCH * HEADS * BLOCK * BLOCK_KV_DKV * _nonempty_blocks(
+        LENGTH, BLOCK, causal, window, BLOCK_KV_DKV)
+    declared = _declared(causal, window)
+    assert set(declared) == {"fwd", "dkv"}  # splash's fused backward: one dkv kernel forms dq
+    # QK^T and PV forward; the fused dkv kernel recomputes QK^T, forms dP, dV, dK and dQ.
+    assert declared["fwd"].flops == 4 * HEAD_DIM * pairs
+    assert declared["dkv"].flops == 10 * HEAD_DIM * bwd_pairs
+    assert declared["fwd"].transcendentals == pairs
+    assert declared["dkv"].transcendentals == bwd_pairs
+
+
+def test_a_causal_mask_declares_about_half_of_the_full_one():
+    full, causal = _declared(False, 0), _declared(True, 0)
+    n = LENGTH // BLOCK
+    assert causal["fwd"].flops / full["fwd"].flops == pytest.approx(n * (n + 1) / 2 / n ** 2)
