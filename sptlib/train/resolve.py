@@ -39,7 +39,7 @@ class ResolvedStage:
     model_cfg: Any                # config.model resolved (vocab, lengths, dtype)
     batch: dict                   # train batch: name -> (global shape, dtype)
     eval_batch: dict
-    attention_kernel: str         # cpu | cudnn | banded | splash | reference | "" (no attention)
+    attention_kernel: str         # cpu | cudnn | pallas | splash | reference | "" (no attention)
     objective: str
     num_steps: int
 
