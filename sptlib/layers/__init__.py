@@ -10,9 +10,15 @@ Mixers with a recurrence also offer ``initial_state(batch_size, max_length=None)
 
 The state-space mixers (`ssm`) and the GSS block (`gss`) compose the kernel modules of
 `ssm_kernels` (an SSM's parameters -> its kernel `[n_dir, channels, length]` and recurrence).
+
+The user's own mixer is named by import path, ``config.model.mixer = "my_pkg.mixers:MyMixer"``;
+`sptlib.layers.contract` checks it against the contract above before training.
 """
 
 import importlib
+
+from sptlib import user_code
+from sptlib.errors import ConfigError
 
 # name -> "module:Class"; resolved lazily so importing sptlib.layers stays cheap.
 MIXERS = {
@@ -30,9 +36,27 @@ MIXERS = {
 }
 
 
+def is_user_mixer(name) -> bool:
+    """Whether `name` is the user's mixer by import path (`package.module:Class`)."""
+    return user_code.is_import_path(name) and name not in MIXERS
+
+
+def check_mixer_name(name, key="config.model.mixer") -> None:
+    """A `ConfigError` unless `name` is a key of MIXERS or an import path that resolves."""
+    if is_user_mixer(name):
+        user_code.load(name, key)
+    elif name not in MIXERS:
+        raise ConfigError(f"{key}={name!r}: expected one of {', '.join(sorted(MIXERS))}, or "
+                          f"the import path of your own mixer ('package.module:Class')")
+
+
 def get_mixer(name):
-    """Returns the mixer class registered under `name` (a key of MIXERS)."""
+    """Returns the mixer class registered under `name` (a key of MIXERS), or the user's class at
+    the import path `name` (`package.module:Class`)."""
+    if is_user_mixer(name):
+        return user_code.load(name, "config.model.mixer")
     if name not in MIXERS:
-        raise ValueError(f"unknown mixer {name!r}; known: {sorted(MIXERS)}")
+        raise ValueError(f"unknown mixer {name!r}; known: {sorted(MIXERS)} (or an import path "
+                         f"'package.module:Class')")
     module, cls = MIXERS[name].split(":")
     return getattr(importlib.import_module(module), cls)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from sptlib.layers import get_mixer, initializers
+from sptlib.layers import contract, get_mixer, initializers, is_user_mixer
 from sptlib.layers.blocks import BlockConfig
 from sptlib.models.backbone import Backbone
 from sptlib.models.bow import BagOfWords
@@ -147,6 +147,9 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
     else:
         raise ValueError(f"encoder {c.encoder!r} not in ('token', 'linear')")
     bow = c.pattern == "bow"
+    for name, options in (() if bow else set(layer_specs(c))):
+        if is_user_mixer(name):  # the user's mixer keeps the contract, or one line says why
+            contract.check_mixer(get_mixer(name), name, int(c.d_model), bool(c.causal), options)
     if bow:  # the bag-of-words control (sptlib.models.bow): no mixing, an MLP head
         backbone = BagOfWords(nonlinear=c.encoder == "linear")
     else:

@@ -32,7 +32,8 @@ from etils import epath
 import jax
 
 from sptlib import data as data_lib
-from sptlib import layers, objectives
+from sptlib import objectives
+from sptlib.layers import contract
 from sptlib.models import build
 from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
 from sptlib.train import results as results_lib, sharding
@@ -61,7 +62,10 @@ def check(config, workdir) -> dict:
         check_optim(config, name)
     check_batch_sizes(config)
     check_saved_configs(config, workdir)
-    return check_data(config)
+    out = check_data(config)
+    # The user's files: their inferred spec is written once, and must match on resume.
+    data_lib.record_spec(config.data, workdir, write=sharding.is_main_process())
+    return out
 
 
 def check_workdir(workdir) -> None:
@@ -133,8 +137,8 @@ def check_model(m) -> None:
     """The model fields that select code or size (`sptlib.models.config`)."""
     _choice("config.model.pattern", m.pattern, build.PATTERNS)
     bow = m.pattern == "bow"  # the bag-of-words control: no mixer, no layers
-    if not bow:
-        _choice("config.model.mixer", m.mixer, sorted(layers.MIXERS))
+    if not bow:  # a zoo mixer, or the user's by import path keeping the mixer contract
+        contract.check_config(m)
     _choice("config.model.positions", m.positions, ("none", "sinusoidal", "learned"))
     _choice("config.model.encoder", m.encoder, ("token", "linear"))
     _choice("config.model.dtype", m.get("dtype", "float32"), sorted(build.DTYPES) + ["auto"])

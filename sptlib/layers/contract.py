@@ -1,0 +1,93 @@
+"""The mixer contract, checked on the user's own mixer before its first training step.
+
+    y = mixer(x[batch, length, features], *, mask[batch, length] | None, deterministic: bool)
+    y.shape == x.shape; constructed as cls(d_model=..., causal=..., dropout=..., [dtype=...])
+
+and a `causal` attribute; with `causal=True` no output position may depend on a later input
+position (checked by changing the inputs after the middle position and comparing the outputs
+before it). Each broken rule is a one-line `ConfigError` naming it.
+
+Parameters may be plain (`self.param`, `nn.Dense`: replicated, default optimiser group), carry
+logical axes for sharding (`nn.with_logical_partitioning(init, names)`), or join the SSM group
+with its own learning rate and no weight decay (`sptlib.layers.param_groups.ssm_group(init,
+names)`; docs/api.md).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from sptlib.errors import ConfigError
+
+BATCH, LENGTH = 2, 16
+
+
+def _fail(name, rule):
+    return ConfigError(f"config.model.mixer={name!r} breaks the mixer contract: {rule}")
+
+
+def _apply(mixer, variables, x, mask, deterministic, key):
+    # mutable=True: a mixer with batch statistics updates them; only the output is compared.
+    y, _ = mixer.apply(variables, x, mask=mask, deterministic=deterministic,
+                       rngs={"dropout": key}, mutable=True)
+    return y
+
+
+def check_config(model_cfg) -> None:
+    """`config.model.mixer` is a known mixer, or the user's mixer keeping the contract at the
+    config's width and causality (the trainer's preflight calls this before any step)."""
+    from sptlib import layers  # the package imports nothing heavy; this module needs it late
+    name = model_cfg.mixer
+    layers.check_mixer_name(name)
+    if layers.is_user_mixer(name):
+        check_mixer(layers.get_mixer(name), name, int(model_cfg.d_model),
+                    bool(model_cfg.causal))
+
+
+@functools.lru_cache(maxsize=32)
+def check_mixer(cls, name, d_model, causal, options=()):
+    """Runs the contract on `cls` (the user's mixer class) at width `d_model` (the model's).
+
+    `options`: extra constructor keyword arguments as `((key, value), ...)`. Raises `ConfigError`
+    naming the broken rule; returns None (memoised: each class is checked once per setting).
+    """
+    try:
+        mixer = cls(d_model=d_model, causal=causal, dropout=0.0, **dict(options))
+    except TypeError as e:
+        raise _fail(name, f"constructor cls(d_model=..., causal=..., dropout=...) failed "
+                          f"({e})") from None
+    if not hasattr(mixer, "causal"):
+        raise _fail(name, "no `causal` attribute (set it from the constructor's causal=...)")
+    if bool(mixer.causal) != bool(causal):
+        raise _fail(name, f"causal={causal} was passed but its `causal` attribute is "
+                          f"{mixer.causal!r}")
+    kx, kp, kd = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = jax.random.normal(kx, (BATCH, LENGTH, d_model), jnp.float32)
+    mask = jnp.ones((BATCH, LENGTH), bool)
+    rngs = {"params": kp, "dropout": kd}
+    try:
+        variables = mixer.init(rngs, x, mask=mask, deterministic=True)
+        y = _apply(mixer, variables, x, mask, True, kd)
+        y_none = _apply(mixer, variables, x, None, False, kd)
+    except TypeError as e:
+        raise _fail(name, f"calling mixer(x[batch, length, features], *, mask=..., "
+                          f"deterministic=...) failed ({e})") from None
+    for got, how in ((y, "mask=[batch, length]"), (y_none, "mask=None")):
+        if getattr(got, "shape", None) != x.shape:
+            raise _fail(name, f"returned shape {getattr(got, 'shape', type(got).__name__)} for "
+                              f"input [batch, length, features] = {x.shape} ({how}); the output "
+                              f"must have the input's shape")
+    if not jnp.all(jnp.isfinite(y)):
+        raise _fail(name, "non-finite outputs on standard-normal inputs")
+    if causal:
+        cut = LENGTH // 2
+        x2 = x.at[:, cut:].set(jax.random.normal(jax.random.PRNGKey(1), x[:, cut:].shape))
+        y2 = _apply(mixer, variables, x2, mask, True, kd)
+        diff = jnp.max(jnp.abs(y2[:, :cut] - y[:, :cut]))
+        scale = jnp.max(jnp.abs(y[:, :cut])) + 1e-6
+        if float(diff) > 1e-4 * float(scale) + 1e-6:
+            pos = int(jnp.argmax(jnp.max(jnp.abs(y2[:, :cut] - y[:, :cut]), axis=(0, 2))))
+            raise _fail(name, f"causal=True but output position {pos} changed (by "
+                              f"{float(diff):.3g}) when only positions >= {cut} of the input "
+                              f"changed: it peeks at the future")
