@@ -302,7 +302,7 @@ def load_split(cfg, spec, split):
     key = "train" if s["carved_from_train"] else split
     table = _open(cfg, s["path"], key)
     rows = holdout_rows(spec["holdout"])[split]
-    return FileSource(table, spec, rows, s["truncated"], int(cfg.files.row_group_cache))
+    return FileSource(table, spec, rows, s["truncated"])
 
 
 def record_spec(cfg, workdir, write=True) -> dict:

@@ -9,8 +9,6 @@ quantised to 0..255 over the train file's range (the `pixel256` target).
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from sptlib import vocab
@@ -54,63 +52,46 @@ class FileSource:
     """Random access to one split: rows of a `Table` (all, or `rows`) encoded as the batch
     contract (`sptlib.data.sources`): inputs, mask, label, example_mask (+ raw for floats)."""
 
-    def __init__(self, table, spec, rows=None, num_truncated=0, cache_size=2):
+    def __init__(self, table, spec, rows=None, num_truncated=0):
         self.table, self.spec, self.rows = table, spec, rows
         self.num_truncated = num_truncated
         self.max_length = int(spec["max_length"])
-        self._cache_size = max(1, cache_size)
         self._enc = Encoder(spec["kind"], spec.get("text_vocab") or "bytes", spec.get("chars"),
                              spec.get("classes"))
-        self._cache, self._lock = {}, threading.Lock()
         if spec["kind"] == "floats":
             self._mean, self._std = np.asarray(spec["mean"]), np.asarray(spec["std"])
             lo, hi = np.asarray(spec["min"]), np.asarray(spec["max"])
             self._lo, self._scale = lo, np.where(hi > lo, 255.0 / np.maximum(hi - lo, 1e-12), 0)
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state.update(_cache={}, _lock=None)
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
     def __len__(self):
         return self.table.num_rows if self.rows is None else len(self.rows)
 
-    def _chunk(self, r):
+    def _row(self, r):
+        """Row `r` of the table as (values [length(, channels)], label or None): only that row
+        is converted (the scan already checked every value); the table caches decoded chunks."""
         start, chunk = self.table.chunk_of(r)
-        with self._lock:
-            hit = self._cache.get(start)
-        if hit is None:
-            flat, offsets = self._enc.inputs(chunk["inputs"], cols.Where(self.table, "inputs",
-                                                                         start))
-            labels = None
-            if "label" in chunk:
-                lab = cols.labels(chunk["label"], cols.Where(self.table, "label", start),
-                                  self._enc.class_ids is None)
-                labels = lab if self._enc.class_ids is None else np.asarray(
-                    [self._enc.class_ids[v] for v in lab.tolist()], np.int64)
-            hit = (flat, offsets, labels)
-            with self._lock:
-                if len(self._cache) >= self._cache_size:
-                    self._cache.pop(next(iter(self._cache)))
-                self._cache[start] = hit
-        return start, hit
+        j = r - start
+        flat, _ = self._enc.inputs(_take(chunk["inputs"], j),
+                                   cols.Where(self.table, "inputs", r))
+        label = None
+        if "label" in chunk:
+            lab = cols.labels(_take(chunk["label"], j), cols.Where(self.table, "label", r),
+                              self._enc.class_ids is None)
+            label = int(lab[0]) if self._enc.class_ids is None else \
+                self._enc.class_ids[lab.tolist()[0]]
+        return flat, label
 
     def __getitem__(self, i):
         r = int(i) if self.rows is None else int(self.rows[i])
-        start, (flat, offsets, labels) = self._chunk(r)
-        j = r - start
-        x = flat[offsets[j]:offsets[j + 1]][:self.max_length]
+        x, label = self._row(r)
+        x = x[:self.max_length]
         n, L = len(x), self.max_length
         mask = np.zeros(L, bool)
         mask[:n] = True
-        ex = {"mask": mask, "label": np.int32(labels[j] if labels is not None else 0),
+        ex = {"mask": mask, "label": np.int32(label or 0),
               "example_mask": np.bool_(True)}
         if self.spec["kind"] == "floats":
-            c = flat.shape[1]
+            c = x.shape[1]
             inputs, raw = np.zeros((L, c), np.float32), np.zeros((L, c), np.int32)
             inputs[:n] = (x - self._mean) / self._std
             raw[:n] = np.clip(np.rint((x - self._lo) * self._scale), 0, 255)
@@ -131,3 +112,10 @@ class FileSource:
         else:
             ex["inputs"] = np.zeros(L, np.int32)
         return ex
+
+
+def _take(values, j):
+    """Row `j` of a column chunk, as a one-row column of the same kind."""
+    if isinstance(values, (list, np.ndarray)):
+        return values[j:j + 1]
+    return values.slice(j, 1)
