@@ -68,8 +68,8 @@ def load_backbone(path, which: str = "best"):
 
     Returns:
       params: the `backbone` parameter tree as NumPy arrays (`{"params": params}` is what
-        `build_backbone(model_cfg).apply` takes); model_cfg: the stage's resolved
-        `config.model` (a ConfigDict), read from the stage's `resolved.json`.
+        `build_backbone(model_cfg).apply` takes); model_cfg: the stage's `config.model` (a
+        ConfigDict, from the stage's `config.json`, with the stage's `causal`).
     """
     import numpy as np
     import orbax.checkpoint as ocp
@@ -78,17 +78,19 @@ def load_backbone(path, which: str = "best"):
     step_dir = transfer.resolve_init_checkpoint(str(path), None, which)
     with ocp.PyTreeCheckpointer() as ckptr:
         meta = ckptr.metadata(step_dir / "state")
-        tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
-        args = {"params": {"backbone": _numpy_restore_args(dict(tree)["params"]["backbone"])}}
-        restored = ckptr.restore(step_dir / "state", restore_args=args,
-                                 transforms={}) if False else ckptr.restore(
-            step_dir / "state", args=ocp.args.PyTreeRestore(
-                item={"params": {"backbone": _skeleton(dict(tree)["params"]["backbone"])}},
-                restore_args=args, partial_restore=True))
+        tree = dict(getattr(getattr(meta, "item_metadata", meta), "tree", meta))
+        wanted = {"params": {"backbone": _skeleton(tree["params"]["backbone"])}}
+        restored = ckptr.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+            item=wanted, restore_args={"params": {"backbone": _numpy_restore_args(
+                tree["params"]["backbone"])}}, partial_restore=True))
     params = _to_numpy(restored["params"]["backbone"], np)
     stage_dir = epath.Path(step_dir).parent.parent
-    resolved = json.loads((stage_dir / "resolved.json").read_text())
-    return params, ml_collections.ConfigDict(resolved["model_cfg"])
+    config = json.loads((stage_dir / "config.json").read_text())
+    model_cfg = ml_collections.ConfigDict(config["model"])
+    stage = config.get("stages", {}).get(stage_dir.name, {})
+    if stage.get("causal") is not None:  # a stage's mask overrides the model's (causal SPT)
+        model_cfg.causal = bool(stage["causal"])
+    return params, model_cfg
 
 
 def _skeleton(tree):
