@@ -17,7 +17,7 @@ Sizes take `--config.x=y` overrides as every config does.
                [,d_model=..][,n_layers=..][,batch=..]")
 """
 
-from sptlib import user_code
+from sptlib.data import user_code
 from sptlib.configs import common, cpu_sized
 from sptlib.data import config as data_config, user_files
 

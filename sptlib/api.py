@@ -25,7 +25,8 @@ import json
 import ml_collections
 
 from sptlib.layers import MIXERS, get_mixer
-from sptlib.layers.contract import check_mixer as _check_mixer
+from sptlib.errors import ConfigError
+from sptlib.layers.contract import ContractError, check_mixer as _check_mixer
 from sptlib.layers.param_groups import param_labels, ssm_group as ssm_param
 from sptlib.models.build import block_config, build_model, layer_specs
 from sptlib.models.backbone import Backbone
@@ -43,8 +44,11 @@ __all__ = ["MIXERS", "get_mixer", "check_mixer", "ssm_param", "param_labels", "m
 def check_mixer(cls, *, d_model: int = 16, causal: bool = False, options=()) -> None:
     """Raises `sptlib.errors.ConfigError` naming the broken rule if `cls` breaks the mixer
     contract (shape, mask/deterministic arguments, `causal` attribute, no future leak)."""
-    _check_mixer(cls, getattr(cls, "__name__", str(cls)), int(d_model), bool(causal),
-                 tuple(sorted(dict(options).items())))
+    try:
+        _check_mixer(cls, getattr(cls, "__name__", str(cls)), int(d_model), bool(causal),
+                     tuple(sorted(dict(options).items())))
+    except ContractError as e:
+        raise ConfigError(str(e)) from None
 
 
 def build_backbone(model_cfg) -> Backbone:
@@ -74,7 +78,7 @@ def load_backbone(path, which: str = "best"):
     import numpy as np
     import orbax.checkpoint as ocp
     from etils import epath
-    from sptlib.train import transfer
+    from sptlib.train import transfer  # deferred: checkpoints only (orbax)
     step_dir = transfer.resolve_init_checkpoint(str(path), None, which)
     with ocp.PyTreeCheckpointer() as ckptr:
         meta = ckptr.metadata(step_dir / "state")

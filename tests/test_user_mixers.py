@@ -12,7 +12,7 @@ import pytest
 
 from sptlib import api, errors
 from sptlib.data import data_config, get_task, task_info
-from sptlib.layers import contract, param_groups
+from sptlib.layers import param_groups
 from sptlib.models import build, config as model_config
 
 MIXERS = textwrap.dedent('''
@@ -111,7 +111,7 @@ def _model_cfg(mixer, causal=False):
 
 def test_user_mixer_trains_in_a_model_and_marks_ssm_parameters(user_pkg):
     for causal in (False, True):
-        contract.check_config(_model_cfg("my_pkg.mixers:CumMean", causal))
+        build.check_mixer(_model_cfg("my_pkg.mixers:CumMean", causal))
     model = build.build_model(_model_cfg("my_pkg.mixers:CumMean"), {"kind": "classify",
                                                                     "num_classes": 3})
     x = jnp.ones((2, 16), jnp.int32)
@@ -137,7 +137,7 @@ def test_user_mixer_trains_in_a_model_and_marks_ssm_parameters(user_pkg):
 def test_broken_contract_is_one_line_naming_the_rule(user_pkg, cls, causal, needle):
     name = f"my_pkg.mixers:{cls}"
     with pytest.raises(errors.ConfigError) as e:
-        contract.check_config(_model_cfg(name, causal))
+        build.check_mixer(_model_cfg(name, causal))
     line = errors.one_line(e.value)
     assert "\n" not in line and f"config.model.mixer='{name}' breaks the mixer contract" in line
     assert needle in line, line
@@ -167,11 +167,11 @@ def test_leak_is_found_by_perturbing_later_positions():
 @pytest.mark.parametrize("path,needle", [
     ("no_such_pkg.mixers:M", "cannot import module 'no_such_pkg.mixers'"),
     ("my_pkg.mixers:Missing", "module 'my_pkg.mixers'"),
-    ("my_pkg.mixers:", "expected 'package.module:name'"),
+    ("my_pkg.mixers:", "expected 'package.module:Class'"),
 ])
 def test_mixer_import_path_that_does_not_resolve(user_pkg, path, needle):
     with pytest.raises(errors.ConfigError) as e:
-        contract.check_config(_model_cfg(path))
+        build.check_mixer(_model_cfg(path))
     line = errors.one_line(e.value)
     assert line.startswith(f"ConfigError: config.model.mixer={path!r}") and needle in line
 

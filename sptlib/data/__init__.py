@@ -23,7 +23,7 @@ def record_spec(data_cfg, workdir, write=True):
     or checks it against the one there (`sptlib.data.user_files.record_spec`); other tasks:
     nothing (their facts are fixed by their config)."""
     if data_cfg.task == "files":
-        from sptlib.data import user_files
+        from sptlib.data import user_files  # deferred: only the files task has a spec
         user_files.record_spec(data_cfg, workdir, write=write)
 
 

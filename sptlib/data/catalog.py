@@ -26,10 +26,9 @@ Every `Task.info` (and so its sequence length) is `sptlib.data.defaults.task_inf
 # Imported for their `register` calls: every task's builder.
 from sptlib.data import causal_lm, cifar, code_bytes, fashion_mnist, file_tasks  # noqa: F401
 from sptlib.data import orientation, probe_tasks, text  # noqa: F401
-from sptlib import user_code
+from sptlib.data import user_code
 from sptlib.data import user_files
 from sptlib.data.config import TASKS
-from sptlib.data.errors import DataError
 from sptlib.data.registry import BUILDERS, Task, register
 
 __all__ = ["Task", "get_task"]
@@ -43,28 +42,10 @@ def build_files(cfg):
                 lambda split: user_files.load_split(cfg, spec, split))
 
 
-def _user_task(cfg):
-    """`config.data.task = "pkg.module:build"`: the user's `build(config.data) -> Task`."""
-    build = user_code.load(cfg.task, "config.data.task")
-    if not callable(build):
-        raise DataError(f"config.data.task={cfg.task!r}: {type(build).__name__} is not callable; "
-                        f"expected build(config.data) -> sptlib.data.registry.Task")
-    task = build(cfg)
-    if not isinstance(task, Task):
-        raise DataError(f"config.data.task={cfg.task!r}: returned {type(task).__name__}, "
-                        f"expected a sptlib.data.registry.Task (docs/data.md, 'Adding a task')")
-    missing = [k for k in ("vocab_size", "num_classes", "max_length", "input_type", "d_input")
-               if k not in task.info]
-    if missing:
-        raise DataError(f"config.data.task={cfg.task!r}: its Task.info lacks {missing} "
-                        f"(sptlib.data.defaults.info builds a complete one)")
-    return task
-
-
 def get_task(cfg):
     """Builds the Task for `cfg.task` (a `data_config()`, or the user's import path)."""
     if user_code.is_import_path(cfg.task):
-        return _user_task(cfg)
+        return user_code.build_task(cfg)
     if cfg.task not in TASKS:
         raise ValueError(f"unknown task {cfg.task!r}; expected one of {TASKS}")
     if cfg.input_type not in ("tokens", "continuous"):

@@ -6,7 +6,7 @@ length, channels and pairing: the builders (`sptlib.data.catalog`) return it as 
 code that must not read data (FLOP estimates, AOT compiles, benchmarks) calls it directly.
 """
 
-from sptlib import user_code
+from sptlib.data import user_code
 from sptlib.data import lm, probes, tokenizers, user_files
 
 # Sequence length when `max_length` is 0 (speech_commands: one second at 16 kHz).
@@ -58,9 +58,8 @@ def task_info(cfg) -> dict:
     if t == "files":  # the user's files: read once (memoised), sptlib/data/user_files.py
         return user_files.task_info(cfg)
     if user_code.is_import_path(t):
-        # The user's builder (`sptlib.data.catalog.get_task`) is the only source of its info.
-        from sptlib.data import catalog  # deferred: imports grain (JAX)
-        return dict(catalog.get_task(cfg).info)
+        # The user's builder is the only source of its info (it imports grain: JAX).
+        return dict(user_code.build_task(cfg).info)
     length = sequence_length(cfg)
     if t in lm.LM_TASKS:
         # Causal LMs: bytes, or the SentencePiece model's vocabulary when one is configured.

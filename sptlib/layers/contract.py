@@ -5,7 +5,7 @@
 
 and a `causal` attribute; with `causal=True` no output position may depend on a later input
 position (checked by changing the inputs after the middle position and comparing the outputs
-before it). Each broken rule is a one-line `ConfigError` naming it.
+before it). Each broken rule is a one-line `ContractError` naming it.
 
 Parameters may be plain (`self.param`, `nn.Dense`: replicated, default optimiser group), carry
 logical axes for sharding (`nn.with_logical_partitioning(init, names)`), or join the SSM group
@@ -18,13 +18,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sptlib.errors import ConfigError
-
 BATCH, LENGTH = 2, 16
 
 
+class ContractError(ValueError):
+    """A mixer breaks the contract (`sptlib.models.build.check_mixer` reports it as a config
+    error)."""
+
+
 def _fail(name, rule):
-    return ConfigError(f"config.model.mixer={name!r} breaks the mixer contract: {rule}")
+    return ContractError(f"config.model.mixer={name!r} breaks the mixer contract: {rule}")
 
 
 def _apply(mixer, variables, x, mask, deterministic, key):
@@ -34,22 +37,11 @@ def _apply(mixer, variables, x, mask, deterministic, key):
     return y
 
 
-def check_config(model_cfg) -> None:
-    """`config.model.mixer` is a known mixer, or the user's mixer keeping the contract at the
-    config's width and causality (the trainer's preflight calls this before any step)."""
-    from sptlib import layers  # the package imports nothing heavy; this module needs it late
-    name = model_cfg.mixer
-    layers.check_mixer_name(name)
-    if layers.is_user_mixer(name):
-        check_mixer(layers.get_mixer(name), name, int(model_cfg.d_model),
-                    bool(model_cfg.causal))
-
-
 @functools.lru_cache(maxsize=32)
 def check_mixer(cls, name, d_model, causal, options=()):
     """Runs the contract on `cls` (the user's mixer class) at width `d_model` (the model's).
 
-    `options`: extra constructor keyword arguments as `((key, value), ...)`. Raises `ConfigError`
+    `options`: extra constructor keyword arguments as `((key, value), ...)`. Raises `ContractError`
     naming the broken rule; returns None (memoised: each class is checked once per setting).
     """
     try:

@@ -33,7 +33,6 @@ import jax
 
 from sptlib import data as data_lib
 from sptlib import objectives
-from sptlib.layers import contract
 from sptlib.models import build
 from sptlib.errors import CheckpointMismatchError, ConfigError, DataError, ResultsError
 from sptlib.train import results as results_lib, sharding
@@ -138,7 +137,7 @@ def check_model(m) -> None:
     _choice("config.model.pattern", m.pattern, build.PATTERNS)
     bow = m.pattern == "bow"  # the bag-of-words control: no mixer, no layers
     if not bow:  # a zoo mixer, or the user's by import path keeping the mixer contract
-        contract.check_config(m)
+        build.check_mixer(m)
     _choice("config.model.positions", m.positions, ("none", "sinusoidal", "learned"))
     _choice("config.model.encoder", m.encoder, ("token", "linear"))
     _choice("config.model.dtype", m.get("dtype", "float32"), sorted(build.DTYPES) + ["auto"])
