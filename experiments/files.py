@@ -20,6 +20,7 @@ Sizes take `--config.x=y` overrides as every config does.
 from sptlib.data import user_code
 from sptlib.configs import common, cpu_sized
 from sptlib.data import config as data_config, user_files
+from sptlib.errors import DataError
 
 POSITIONAL = ("model", "regime")
 # `arg` key -> config.data.files field.
@@ -39,8 +40,12 @@ def get_config(arg=""):
         probe = data_config.data_config()
         probe.task, probe.files = "files", files
         probe.max_length = data["max_length"]
-        if user_files.infer(probe)["kind"] == "floats":
-            data["input_type"] = "continuous"
+        try:
+            if user_files.infer(probe)["kind"] == "floats":
+                data["input_type"] = "continuous"
+        except DataError:
+            pass  # bad files: the run's preflight reports them in one line, before anything
+
     model = a.get("model", "transformer")
     own = user_code.is_import_path(model)
     c = cpu_sized.comparison(

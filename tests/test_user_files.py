@@ -4,6 +4,9 @@ list (one line naming file, row and column; nothing written)."""
 
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -250,3 +253,25 @@ def test_resume_with_a_vanished_or_changed_split_file(tmp_path):
     line = errors.one_line(e.value)
     assert "data_spec.json: the data changed since this workdir was made: vocab_size = 6 " \
            "there, 12 now" in line, line
+
+
+def test_command_line_bad_file_is_one_line_exit_2(tmp_path):
+    """A real `python -m sptlib.main` on a .npy with a NaN: one line on stderr naming file, row
+    and column, exit status 2, nothing written in the workdir (no stage folder, spec, results)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    x = np.zeros((6, 5, 2))
+    x[4, 1, 0] = np.inf
+    np.save(tmp_path / "bad.npy", x)
+    np.save(tmp_path / "bad.label.npy", np.arange(6) % 2)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root)
+    env.pop("XLA_FLAGS", None)
+    wd = tmp_path / "wd"
+    p = subprocess.run([sys.executable, "-m", "sptlib.main",
+                        f"--config={root}/experiments/files.py:train={tmp_path / 'bad.npy'}",
+                        f"--workdir={wd}"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert lines[-1] == (f"sptlib.main: error: DataError: {tmp_path / 'bad.npy'}: row 5, column "
+                         f"'inputs': non-finite value inf at position 1, channel 0"), lines[-1]
+    assert not [q for q in wd.rglob("*") if q.name != ".sptlib.lock"]

@@ -75,8 +75,9 @@ def files_config():
 def _paths(cfg):
     f = cfg.files
     if not str(f.train).strip():
-        raise DataError("config.data.files.train is empty: give the training file "
-                        "(e.g. --config.data.files.train=data/train.parquet)")
+        raise DataError("config.data.files.train is empty: give the training file (e.g. "
+                        "--config=experiments/files.py:train=data/train.parquet, or "
+                        "--config.data.files.train=data/train.parquet)")
     return {s: os.path.abspath(str(f[s])) if str(f[s]).strip() else "" for s in SPLITS}
 
 
