@@ -129,6 +129,32 @@ def test_text_bytes_and_characters(tmp_path):
     np.testing.assert_array_equal(get_task(c).source("train")[1]["inputs"], [5, 4, 3, 6])
 
 
+def test_text_with_the_users_sentencepiece_model(tmp_path, monkeypatch):
+    """`text_vocab=<model file>`: the model's vocabulary + the 2 reserved ids, its ids shifted
+    by 2. The optional `sentencepiece` package is stood in for by a word-level model here (the
+    calls sptlib makes: SentencePieceProcessor(model_file=...), encode, vocab_size)."""
+    import types
+    words = {"the": 3, "cat": 4, "sat": 5}
+
+    class Processor:
+        def __init__(self, model_file):
+            assert model_file == str(tmp_path / "m.model")
+
+        def encode(self, text):
+            return [words.get(w, 0) for w in text.split()]
+
+        def vocab_size(self):
+            return 8
+    monkeypatch.setitem(sys.modules, "sentencepiece",
+                        types.SimpleNamespace(SentencePieceProcessor=Processor))
+    (tmp_path / "m.model").write_bytes(b"stand-in")
+    path = _jsonl(tmp_path / "t.jsonl", [{"inputs": "the cat sat", "label": 0},
+                                         {"inputs": "cat", "label": 1}] * 3)
+    c = _cfg(path, validation=str(path), test=str(path), text_vocab=str(tmp_path / "m.model"))
+    assert task_info(c)["vocab_size"] == 10 and task_info(c)["max_length"] == 3
+    np.testing.assert_array_equal(get_task(c).source("test")[0]["inputs"], [5, 6, 7])
+
+
 def test_longer_than_max_length_is_truncated_and_counted(tmp_path):
     path = _jsonl(tmp_path / "t.jsonl", [{"inputs": s, "label": 0} for s in SEQS])
     c = _cfg(path, validation=str(path), test=str(path))
@@ -275,3 +301,34 @@ def test_command_line_bad_file_is_one_line_exit_2(tmp_path):
     assert lines[-1] == (f"sptlib.main: error: DataError: {tmp_path / 'bad.npy'}: row 5, column "
                          f"'inputs': non-finite value inf at position 1, channel 0"), lines[-1]
     assert not [q for q in wd.rglob("*") if q.name != ".sptlib.lock"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tokens", "floats"])
+def test_every_compare_regime_runs_on_files(kind, tmp_path):
+    """`python -m sptlib.compare` with every regime (scratch, scratch-equal-compute, spt-masked,
+    spt-causal, mlpinit) on a Parquet token file or a .npy float file: the table lists each."""
+    from sptlib.configs.paper import REGIMES
+    rng = np.random.default_rng(0)
+    if kind == "tokens":
+        seqs = [rng.integers(0, 12, rng.integers(6, 20)).tolist() for _ in range(60)]
+        pq.write_table(pa.table({"inputs": seqs, "label": [len(s) % 2 for s in seqs]}),
+                       tmp_path / "train.parquet", row_group_size=16)
+        train = "train.parquet"
+    else:
+        np.save(tmp_path / "train.npy", rng.normal(size=(60, 12, 2)))
+        np.save(tmp_path / "train.label.npy", np.arange(60) % 2)
+        train = "train.npy"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root)
+    env.pop("XLA_FLAGS", None)
+    p = subprocess.run(
+        [sys.executable, "-m", "sptlib.compare",
+         f"--config={root}/experiments/files.py:train={train},steps=2,pretrain_steps=2,"
+         f"d_model=16,n_layers=1,batch=8,eval_every=2", "--workdir=runs", "--models=transformer",
+         f"--regimes={','.join(REGIMES)}"], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    table = (tmp_path / "runs" / "comparison.md").read_text()
+    for regime in REGIMES:
+        assert f"| transformer | {regime} |" in table, (regime, table)
