@@ -235,6 +235,12 @@ def test_empty_split(tmp_path):
          validation=str(tmp_path / "empty.csv"))
 
 
+def test_empty_example(tmp_path):
+    rows = [{"inputs": [1, 2], "label": 0}, {"inputs": [], "label": 1}]
+    _bad(tmp_path, lambda t: _jsonl(t / "e.jsonl", rows * 3),
+         ["e.jsonl: row 2, column 'inputs': empty example (no positions)"])
+
+
 def test_token_ids_outside_the_declared_vocabulary(tmp_path):
     rows = [{"inputs": [1, 2, 3], "label": 0}, {"inputs": [4, 25, 6], "label": 1}]
     _bad(tmp_path, lambda t: _jsonl(t / "v.jsonl", rows * 3),

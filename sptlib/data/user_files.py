@@ -157,6 +157,9 @@ def _infer(cfg, paths) -> dict:
         for start, chunk in t.chunks():
             flat, offsets = enc.inputs(chunk["inputs"], cols.Where(t, "inputs", start))
             lengths.append(np.diff(offsets))
+            if not lengths[-1].all():  # nothing to mix, pool or mask: refused, not padded
+                raise cols.Where(t, "inputs", start)(int(np.argmin(lengths[-1])),
+                                                      "empty example (no positions)")
             if kind == "tokens" and len(flat):
                 _check_ids(flat, offsets, declared_vocab, cols.Where(t, "inputs", start))
                 stats["max_id"] = max(stats["max_id"], int(flat.max()))
