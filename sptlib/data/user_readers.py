@@ -207,6 +207,20 @@ class NpyTable(Table):
 
     def __init__(self, path, columns):
         super().__init__(path, columns)
+        self._open()
+        self.num_rows = len(self._arrays["inputs"])
+
+    def __getstate__(self):  # grain worker processes map the files again (no copy)
+        state = dict(self.__dict__)
+        state["_arrays"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._open()
+
+    def _open(self):
+        path, columns = self.path, self.columns
         self._arrays = {"inputs": _load_npy(path)}
         if "label" in columns:
             stem = os.path.splitext(path)[0]
@@ -219,7 +233,6 @@ class NpyTable(Table):
             if len(self._arrays["label"]) != len(self._arrays["inputs"]):
                 raise DataError(f"{label_path}: {len(self._arrays['label'])} labels for "
                                 f"{len(self._arrays['inputs'])} rows of {path}")
-        self.num_rows = len(self._arrays["inputs"])
 
     def chunks(self):
         for s in range(0, self.num_rows, NPY_CHUNK):
