@@ -5,6 +5,7 @@ list (one line naming file, row and column; nothing written)."""
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -336,5 +337,8 @@ def test_every_compare_regime_runs_on_files(kind, tmp_path):
         cwd=tmp_path, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     table = (tmp_path / "runs" / "comparison.md").read_text()
+    # The accuracy table has a column per regime and a number in each; the compute table a row.
+    assert f"| model | {' | '.join(REGIMES)} |" in table, table
+    assert re.search(r"\| transformer \|" + r" [0-9.]+ \(1\) \|" * len(REGIMES), table), table
     for regime in REGIMES:
         assert f"| transformer | {regime} |" in table, (regime, table)
