@@ -314,7 +314,8 @@ def test_command_line_bad_file_is_one_line_exit_2(tmp_path):
 @pytest.mark.parametrize("kind", ["tokens", "floats"])
 def test_every_compare_regime_runs_on_files(kind, tmp_path):
     """`python -m sptlib.compare` with every regime (scratch, scratch-equal-compute, spt-masked,
-    spt-causal, mlpinit) on a Parquet token file or a .npy float file: the table lists each."""
+    spt-causal, mlpinit) on a Parquet token file or a .npy float file, for a zoo model and the
+    user's mixer by import path: the table lists every cell."""
     from sptlib.configs.paper import REGIMES
     rng = np.random.default_rng(0)
     if kind == "tokens":
@@ -326,19 +327,40 @@ def test_every_compare_regime_runs_on_files(kind, tmp_path):
         np.save(tmp_path / "train.npy", rng.normal(size=(60, 12, 2)))
         np.save(tmp_path / "train.label.npy", np.arange(60) % 2)
         train = "train.npy"
+    (tmp_path / "mixers.py").write_text(USER_MIXER)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root)
     env.pop("XLA_FLAGS", None)
     p = subprocess.run(
         [sys.executable, "-m", "sptlib.compare",
          f"--config={root}/experiments/files.py:train={train},steps=2,pretrain_steps=2,"
-         f"d_model=16,n_layers=1,batch=8,eval_every=2", "--workdir=runs", "--models=transformer",
-         f"--regimes={','.join(REGIMES)}"], capture_output=True, text=True, env=env,
-        cwd=tmp_path, timeout=1800)
+         f"d_model=16,n_layers=1,batch=8,eval_every=2", "--workdir=runs",
+         "--models=transformer,mixers:Cumulative", f"--regimes={','.join(REGIMES)}"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=3000)
     assert p.returncode == 0, p.stderr[-3000:]
     table = (tmp_path / "runs" / "comparison.md").read_text()
     # The accuracy table has a column per regime and a number in each; the compute table a row.
     assert f"| model | {' | '.join(REGIMES)} |" in table, table
-    assert re.search(r"\| transformer \|" + r" [0-9.]+ \(1\) \|" * len(REGIMES), table), table
-    for regime in REGIMES:
-        assert f"| transformer | {regime} |" in table, (regime, table)
+    for model in ("transformer", "mixers:Cumulative"):
+        assert re.search(rf"\| {model} \|" + r" [0-9.]+ \(1\) \|" * len(REGIMES), table), table
+        for regime in REGIMES:
+            assert f"| {model} | {regime} |" in table, (regime, table)
+
+
+# The user's mixer of the every-regime grid: causal when asked (spt-causal), by a running sum.
+USER_MIXER = """
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Cumulative(nn.Module):
+    d_model: int
+    causal: bool = False
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, x, *, mask=None, deterministic=True):
+        y = jnp.cumsum(x, axis=1) if self.causal else jnp.broadcast_to(
+            x.sum(axis=1, keepdims=True), x.shape)
+        return nn.Dense(self.d_model)(y / x.shape[1])
+"""
