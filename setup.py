@@ -16,6 +16,8 @@ INSTALL_REQUIRES = [
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12.4,<0.13",
     "grain>=0.2.18,<0.3",
+    # The user's own Parquet / CSV files (config.data.task="files", sptlib/data/user_readers.py).
+    "pyarrow>=26.0.1",
     "ml-collections>=1.1.0,<2",
     "tensorboardX>=2.6.5,<3",
     "absl-py",

@@ -43,7 +43,11 @@ def main(argv):
     if _PRINT_CONFIG.value:
         # Imported here so that `--help` and flag errors stay fast (JAX is heavy).
         from sptlib.train import resolve
-        print(json.dumps([s.to_json() for s in resolve.resolve_run(_CONFIG.value)], indent=2))
+        try:  # the user's files are read here: bad data is one line, as for a run
+            resolved = resolve.resolve_run(_CONFIG.value)
+        except errors.SptlibError as e:
+            raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
+        print(json.dumps([s.to_json() for s in resolved], indent=2))
         return
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required (or --print_config)")

@@ -18,4 +18,13 @@ def get_task(data_cfg):
     return catalog.get_task(data_cfg)
 
 
-__all__ = ["TASKS", "data_config", "get_task", "sequence_length", "task_info"]
+def record_spec(data_cfg, workdir, write=True):
+    """`config.data.task = "files"`: writes the inferred data spec to `<workdir>/data_spec.json`,
+    or checks it against the one there (`sptlib.data.user_files.record_spec`); other tasks:
+    nothing (their facts are fixed by their config)."""
+    if data_cfg.task == "files":
+        from sptlib.data import user_files  # deferred: only the files task has a spec
+        user_files.record_spec(data_cfg, workdir, write=write)
+
+
+__all__ = ["TASKS", "data_config", "get_task", "record_spec", "sequence_length", "task_info"]

@@ -18,20 +18,34 @@ registry. Task defaults (LRA / the SPT paper):
   pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (lm.py, causal_lm.py)
   associative_recall / selective_copying  per-position labels, 128 / 256   generated in memory
                                                            (probes.py, probe_tasks.py)
+  files            the user's JSON Lines / CSV / Parquet / NumPy files (user_files.py)
+  pkg.module:build the user's own builder, by import path
 Every `Task.info` (and so its sequence length) is `sptlib.data.defaults.task_info(config.data)`.
 """
 
 # Imported for their `register` calls: every task's builder.
 from sptlib.data import causal_lm, cifar, code_bytes, fashion_mnist, file_tasks  # noqa: F401
 from sptlib.data import orientation, probe_tasks, text  # noqa: F401
+from sptlib.data import user_code
+from sptlib.data import user_files
 from sptlib.data.config import TASKS
-from sptlib.data.registry import BUILDERS, Task
+from sptlib.data.registry import BUILDERS, Task, register
 
 __all__ = ["Task", "get_task"]
 
 
+@register("files")
+def build_files(cfg):
+    """The user's own files (`config.data.files`; sptlib/data/user_files.py)."""
+    spec = user_files.infer(cfg)
+    return Task(cfg, user_files.info(spec),
+                lambda split: user_files.load_split(cfg, spec, split))
+
+
 def get_task(cfg):
-    """Builds the Task for `cfg.task` (a `data_config()`)."""
+    """Builds the Task for `cfg.task` (a `data_config()`, or the user's import path)."""
+    if user_code.is_import_path(cfg.task):
+        return user_code.build_task(cfg)
     if cfg.task not in TASKS:
         raise ValueError(f"unknown task {cfg.task!r}; expected one of {TASKS}")
     if cfg.input_type not in ("tokens", "continuous"):

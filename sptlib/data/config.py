@@ -6,11 +6,11 @@ Zero / empty values mean "the task's default" (e.g. `max_length=0` -> 2000 for L
 
 import ml_collections
 
-from sptlib.data import lm
+from sptlib.data import lm, user_files
 
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
          "speech_commands", "fashion_mnist", "lines", "code_lm", "pg19", "lm1b",
-         "arxiv", "code_bytes", "associative_recall", "selective_copying")
+         "arxiv", "code_bytes", "associative_recall", "selective_copying", "files")
 
 
 def data_config():
@@ -21,7 +21,9 @@ def data_config():
     # code_lm | pg19 | lm1b | arxiv (causal LM windows, sptlib/data/lm.py) | code_bytes (which
     # package a window of Python source is from, sptlib/data/code_bytes.py) |
     # associative_recall | selective_copying (synthetic per-position labelling probes generated
-    # in memory, sptlib/data/probes.py; sizes in `probes` below).
+    # in memory, sptlib/data/probes.py; sizes in `probes` below) | files (the user's own files,
+    # `files` below; sptlib/data/user_files.py, docs/your_data.md) | "package.module:build" (the
+    # user's own builder, `build(config.data) -> sptlib.data.registry.Task`; docs/data.md).
     c.task = "listops"
     # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
     c.lra_dir = "lra_release"
@@ -88,6 +90,7 @@ def data_config():
     c.lm = lm.lm_config()
     c.code_bytes = code_bytes_config()
     c.probes = probes_config()
+    c.files = user_files.files_config()
     return c
 
 

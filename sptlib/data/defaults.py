@@ -1,11 +1,13 @@
-"""Each task's `Task.info` from its `config.data` alone: no data read, no JAX (grain) imported.
+"""Each task's `Task.info` from its `config.data` alone: no data read, no JAX (grain) imported
+(except for the user's tasks: `files` reads its files once, an import-path task builds itself).
 
 `task_info(config.data)` is the one home of every task's vocabulary size, class count, sequence
 length, channels and pairing: the builders (`sptlib.data.catalog`) return it as `task.info`, and
 code that must not read data (FLOP estimates, AOT compiles, benchmarks) calls it directly.
 """
 
-from sptlib.data import lm, probes, tokenizers
+from sptlib.data import user_code
+from sptlib.data import lm, probes, tokenizers, user_files
 
 # Sequence length when `max_length` is 0 (speech_commands: one second at 16 kHz).
 DEFAULT_LENGTHS = {"listops": 2000, "text": 4096, "retrieval": 4000, "speech_commands": 16000,
@@ -39,6 +41,8 @@ def resolution(cfg) -> int:
 
 def sequence_length(cfg) -> int:
     """The task's `Task.info['max_length']` from its `config.data`."""
+    if cfg.task == "files" or user_code.is_import_path(cfg.task):
+        return int(task_info(cfg)["max_length"])
     if cfg.task in DEFAULT_RESOLUTIONS:
         return resolution(cfg) ** 2
     if cfg.task in ("image", "scifar"):
@@ -51,6 +55,11 @@ def sequence_length(cfg) -> int:
 def task_info(cfg) -> dict:
     """`get_task(cfg).info` without touching data on disk (`cfg` is `config.data`)."""
     t = cfg.task
+    if t == "files":  # the user's files: read once (memoised), sptlib/data/user_files.py
+        return user_files.task_info(cfg)
+    if user_code.is_import_path(t):
+        # The user's builder is the only source of its info (it imports grain: JAX).
+        return dict(user_code.build_task(cfg).info)
     length = sequence_length(cfg)
     if t in lm.LM_TASKS:
         # Causal LMs: bytes, or the SentencePiece model's vocabulary when one is configured.

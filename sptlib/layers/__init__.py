@@ -10,6 +10,9 @@ Mixers with a recurrence also offer ``initial_state(batch_size, max_length=None)
 
 The state-space mixers (`ssm`) and the GSS block (`gss`) compose the kernel modules of
 `ssm_kernels` (an SSM's parameters -> its kernel `[n_dir, channels, length]` and recurrence).
+
+The user's own mixer is named by import path, ``config.model.mixer = "my_pkg.mixers:MyMixer"``;
+`sptlib.layers.contract` checks it against the contract above before training.
 """
 
 import importlib
@@ -30,9 +33,43 @@ MIXERS = {
 }
 
 
+def is_user_mixer(name) -> bool:
+    """Whether `name` is the user's mixer by import path (`package.module:Class`)."""
+    return isinstance(name, str) and ":" in name and name not in MIXERS
+
+
+def _load_user_mixer(path, key="config.model.mixer"):
+    """The class at `path`; ValueError naming `key` when it does not resolve."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{key}={path!r}: expected 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{key}={path!r}: cannot import module {module_name!r} ({e}); is its "
+                         f"folder on PYTHONPATH (or the current folder)?") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"{key}={path!r}: module {module_name!r} "
+                         f"({getattr(module, '__file__', '?')}) has no {attr!r}")
+    return getattr(module, attr)
+
+
+def check_mixer_name(name, key="config.model.mixer") -> None:
+    """ValueError unless `name` is a key of MIXERS or an import path that resolves."""
+    if is_user_mixer(name):
+        _load_user_mixer(name, key)
+    elif name not in MIXERS:
+        raise ValueError(f"{key}={name!r}: expected one of {', '.join(sorted(MIXERS))}, or "
+                         f"the import path of your own mixer ('package.module:Class')")
+
+
 def get_mixer(name):
-    """Returns the mixer class registered under `name` (a key of MIXERS)."""
+    """Returns the mixer class registered under `name` (a key of MIXERS), or the user's class at
+    the import path `name` (`package.module:Class`)."""
+    if is_user_mixer(name):
+        return _load_user_mixer(name)
     if name not in MIXERS:
-        raise ValueError(f"unknown mixer {name!r}; known: {sorted(MIXERS)}")
+        raise ValueError(f"unknown mixer {name!r}; known: {sorted(MIXERS)} (or an import path "
+                         f"'package.module:Class')")
     module, cls = MIXERS[name].split(":")
     return getattr(importlib.import_module(module), cls)

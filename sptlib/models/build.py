@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from sptlib.layers import get_mixer, initializers
+from sptlib import layers
+from sptlib.errors import ConfigError
+from sptlib.layers import contract, get_mixer, initializers
 from sptlib.layers.blocks import BlockConfig
 from sptlib.models.backbone import Backbone
 from sptlib.models.bow import BagOfWords
@@ -124,6 +126,21 @@ class SequenceModel(nn.Module):
         return self.head(x1, mask, x2, mask2)
 
 
+def check_mixer(model_cfg) -> None:
+    """`config.model.mixer` is a zoo mixer, or the user's (by import path) keeping the mixer
+    contract (`sptlib.layers.contract`) at the model's width and causality; else a one-line
+    `ConfigError` naming the broken rule. The trainer's preflight calls it before any step."""
+    c = model_cfg
+    try:
+        layers.check_mixer_name(c.mixer)
+        if layers.is_user_mixer(c.mixer):
+            for name, options in set(layer_specs(c)):
+                contract.check_mixer(get_mixer(name), name, int(c.d_model), bool(c.causal),
+                                     options)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def build_model(model_cfg, head_cfg: Mapping[str, Any]):
     """Builds the `SequenceModel` for `model_cfg` (`config.model`) and `head_cfg`.
 
@@ -147,6 +164,8 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
     else:
         raise ValueError(f"encoder {c.encoder!r} not in ('token', 'linear')")
     bow = c.pattern == "bow"
+    if not bow:  # the user's mixer keeps the contract, or one line says why
+        check_mixer(c)
     if bow:  # the bag-of-words control (sptlib.models.bow): no mixing, an MLP head
         backbone = BagOfWords(nonlinear=c.encoder == "linear")
     else:

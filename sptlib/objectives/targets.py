@@ -100,9 +100,12 @@ TARGETS = ("auto", "tokens", "pixel256", "l1")
 def make_target(name, info, model_cfg) -> Target:
     """The target `name` (TARGETS) for the task's `info['input_type']` (tokens | continuous).
 
-    `auto` is tokens for token inputs and pixel256 for continuous ones. The token head has
+    `auto` is the task's `info['masked_target']` when it names one, else tokens for token inputs
+    and pixel256 for continuous ones. The token head has
     `model_cfg.vocab_size` outputs, or `info['vocab_size']` when that is 0.
     """
+    if name == "auto":  # a task may name its own (the user's real-valued files: l1)
+        name = info.get("masked_target", "auto")
     if info.get("input_type", "tokens") == "tokens":
         if name not in ("auto", "tokens"):
             raise ValueError(f"target {name!r} needs continuous inputs; token inputs use 'tokens'")

@@ -34,7 +34,7 @@ import jax
 
 from sptlib import data as data_lib
 from sptlib import errors
-from sptlib import layers, objectives
+from sptlib import objectives
 from sptlib.models import build
 from sptlib.errors import (FOREIGN_ENV, CheckpointMismatchError, ConfigError, DataError,
                            ResultsError, WorkdirOwnerError, foreign_allowed)
@@ -66,6 +66,8 @@ def check(config, workdir) -> dict:
     check_saved_configs(config, workdir)
     info = check_data(config)
     check_batch_vs_data(config, info["examples"].get("train", 0))
+    # The user's files: their inferred spec is written once, and must match on resume.
+    data_lib.record_spec(config.data, workdir, write=sharding.is_main_process())
     return info
 
 
@@ -222,8 +224,8 @@ def check_model(m) -> None:
     """The model fields that select code or size (`sptlib.models.config`)."""
     _choice("config.model.pattern", m.pattern, build.PATTERNS)
     bow = m.pattern == "bow"  # the bag-of-words control: no mixer, no layers
-    if not bow:
-        _choice("config.model.mixer", m.mixer, sorted(layers.MIXERS))
+    if not bow:  # a zoo mixer, or the user's by import path keeping the mixer contract
+        build.check_mixer(m)
     _choice("config.model.positions", m.positions, ("none", "sinusoidal", "learned"))
     _choice("config.model.encoder", m.encoder, ("token", "linear"))
     _choice("config.model.dtype", m.get("dtype", "float32"), sorted(build.DTYPES) + ["auto"])
