@@ -113,6 +113,16 @@ def test_installed_wheel_runs_the_commands_from_an_empty_folder(venv, tmp_path):
         {"pretrain": 2, "finetune": 2}
     assert glob.glob(str(work / "smoke" / "finetune" / "events.out.tfevents.*"))
 
+    # The public-API example (docs/api.md) on the installed package: an sptlib mixer in a Linen
+    # and an NNX model, and the smoke run's SPT checkpoint loaded into both (it checks itself
+    # against sptlib's own outputs and exits non-zero if they differ).
+    out = _run([venv, os.path.join(ROOT, "docs", "examples", "public_api.py"),
+                "--stage", str(work / "smoke" / "pretrain")], cwd=str(work))
+    lines = out.stdout.strip().splitlines()
+    assert lines[:2] == ["linen: (2, 3)", "nnx: (2, 3)"], lines
+    assert lines[2].startswith("checkpoint -> linen: (2, 2)") and lines[3] == \
+        "checkpoint -> nnx: (2, 2)", lines
+
     # A 2-run comparison (two seeds of one cell) and its table.
     _run([venv, "-m", "sptlib.compare", "--config=experiments/quickstart.py:steps=2,"
           "pretrain_steps=2", "--workdir=cmp", "--models=transformer", "--regimes=scratch",
