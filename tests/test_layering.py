@@ -8,15 +8,15 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# JAX-free modules every layer may use (errors, ids, logging, the slices' mesh presets and
-# topologies).
-FOUNDATION = {"errors", "vocab", "logs", "slices.meshes", "slices.topologies"}
+# JAX-free modules every layer but the pure kernels may use (errors, ids, logging, the user's
+# objects by import path, the slices' mesh presets and topologies).
+FOUNDATION = {"errors", "vocab", "logs", "import_path", "slices.meshes", "slices.topologies"}
 # What each layer may import from sptlib; "tools" (stages, compare, aot, bench, the CLIs and
 # the experiment files, sptlib/experiments/) may import everything.
 ALLOWED = {
     "foundation": {"foundation"},
     "kernels": {"kernels"},
-    "layers": {"kernels", "layers"},
+    "layers": {"foundation", "kernels", "layers"},
     "models": {"foundation", "kernels", "layers", "models"},
     "data": {"foundation", "data"},
     "objectives": {"foundation", "kernels", "layers", "models", "objectives"},

@@ -1,33 +1,14 @@
 """Loads the user's own Python objects named by import path, `"package.module:attribute"`
 (`config.data.task = "my_pkg.tasks:build"`), with one-line errors naming the config key."""
 
-import importlib
-
+from sptlib import import_path
 from sptlib.errors import ConfigError, DataError
-
-
-def is_import_path(name) -> bool:
-    """Whether `name` is `module:attribute` rather than a registered name."""
-    return isinstance(name, str) and ":" in name
+from sptlib.import_path import is_import_path  # noqa: F401 (re-exported for the data registry)
 
 
 def load(path: str, key: str):
-    """The object at `path` ("pkg.module:attr[.attr]"); `key` names the config field in errors."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"{key}={path!r}: expected 'package.module:name'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"{key}={path!r}: cannot import module {module_name!r} ({e}); is its "
-                          f"folder on PYTHONPATH (or the current folder)?") from None
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{key}={path!r}: module {module_name!r} "
-                              f"({getattr(module, '__file__', '?')}) has no {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    """The object at `path` ("pkg.module:attr[.attr]"); ConfigError naming `key` otherwise."""
+    return import_path.load(path, key, ConfigError)
 
 
 def build_task(cfg):

@@ -17,6 +17,8 @@ The user's own mixer is named by import path, ``config.model.mixer = "my_pkg.mix
 
 import importlib
 
+from sptlib import import_path
+
 # name -> "module:Class"; resolved lazily so importing sptlib.layers stays cheap.
 MIXERS = {
     "attention": "sptlib.layers.attention:MultiHeadAttention",
@@ -40,18 +42,7 @@ def is_user_mixer(name) -> bool:
 
 def _load_user_mixer(path, key="config.model.mixer"):
     """The class at `path`; ValueError naming `key` when it does not resolve."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{key}={path!r}: expected 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{key}={path!r}: cannot import module {module_name!r} ({e}); is its "
-                         f"folder on PYTHONPATH (or the current folder)?") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"{key}={path!r}: module {module_name!r} "
-                         f"({getattr(module, '__file__', '?')}) has no {attr!r}")
-    return getattr(module, attr)
+    return import_path.load(path, key, kind="Class")
 
 
 def check_mixer_name(name, key="config.model.mixer") -> None:
