@@ -35,18 +35,21 @@ _PRINT_CONFIG = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config"])
 
 
-def main(argv):
+def main(argv, prepare=None):
+    """Runs the parsed command; `prepare()` first, once the arguments are known to be good."""
     try:
-        _main(argv)
+        _main(argv, prepare)
     except errors.SptlibError as e:
         raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
 
 
-def _main(argv):
+def _main(argv, prepare):
     if len(argv) > 1:
         raise errors.ConfigError(f"unexpected arguments {argv[1:]}: every input is a --flag")
     if not _WORKDIR.value and not _PRINT_CONFIG.value:
         raise errors.ConfigError("--workdir is required (or --print_config); see --help")
+    if prepare:
+        prepare()
     logs.quiet_library_logs()
     if _PRINT_CONFIG.value:
         # Imported here so that `--help` and flag errors stay fast (JAX is heavy).
@@ -58,11 +61,14 @@ def _main(argv):
     stages.run(_CONFIG.value, _WORKDIR.value)
 
 
-def _prepared_main(argv):
-    # After the flags parse, so `--help` and flag errors import no JAX (sptlib.kernels does).
+def _prepare_process():
+    # After the flags parse, so `--help` and bad input import no JAX (sptlib.kernels does).
     from sptlib.kernels import platform
     platform.prepare_process()  # CPU hosts: keep XLA:CPU's buffers (re-executes this command)
-    main(argv)
+
+
+def _prepared_main(argv):
+    main(argv, prepare=_prepare_process)
 
 
 def run():
