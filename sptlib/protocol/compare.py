@@ -387,8 +387,9 @@ def _main():
                                     report_only=_REPORT_ONLY.value, shard=shard,
                                     deferred_only=_SHARD_DEFERRED.value)
     if shard is not None:
-        print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard has "
-              f"finished, run the same command without --shard for the table and plots.")
+        if not compare_jobs.is_worker():  # --jobs's parent builds the table itself
+            print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard "
+                  f"has finished, run the same command without --shard for the table and plots.")
         return
     print(f"\nTable:  {paths['markdown']}\nRecords: {paths['json']}")
     for k, v in paths.items():
