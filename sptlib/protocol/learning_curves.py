@@ -130,9 +130,9 @@ def markdown(records) -> str:
     return "\n".join(out)
 
 
-def write_plots(records, workdir: str, save, confidence: float = 0.95) -> dict:
+def write_plots(records, workdir: str, save) -> dict:
     """`denoising.png` (validation loss against pretraining steps, one colour per model: each
-    seed a thin line, their mean bold with the t-interval as band) where there are pretraining
+    seed a thin line, their mean bold) where there are pretraining
     stages; returns {name: path}. `save(fig, path)` writes a figure."""
     runs = [(r, pretrain_history(r)) for r in _ok(records)]
     runs = [(r, h) for r, h in runs if h]
@@ -157,14 +157,11 @@ def write_plots(records, workdir: str, save, confidence: float = 0.95) -> dict:
             steps = sorted(set.intersection(*({x["step"] for x in h} for _, h in mine)))
             if steps:
                 ys = [[{x["step"]: x["loss"] for x in h}[s] for s in steps] for _, h in mine]
-                mean, lo, hi = plotting.mean_band(ys, confidence)
-                ax.plot(steps, mean, color=color, linewidth=2,
+                ax.plot(steps, np.mean(ys, axis=0), color=color, linewidth=2,
                         label=f"{m}: mean of {len(mine)} seeds (thin: each seed)")
-                ax.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
         total = max(int(r.get("pretrain_steps") or 0) for r, _ in runs)
         ax.set_title(f"Self-pretraining: denoising loss on validation data\n"
-                     f"{plotting.data_label(frac)}, {total} steps; band: {confidence:.0%} "
-                     f"t-interval", fontsize=10)
+                     f"{plotting.data_label(frac)}, {total} steps", fontsize=10)
         ax.set_xlabel("pretraining steps")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -209,8 +209,8 @@ def plot_bars(records, path: str, confidence: float = 0.95, data_fraction: float
     regimes = _ordered((r["regime"] for r in records), REGIMES)
     budgets = _budgets(runs, regimes)
     width = 0.8 / max(len(regimes), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(models) * max(len(regimes), 1) * 0.6),
-                                    4.6))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.4 * len(models) * max(len(regimes), 1) * 0.6),
+                                    5.2))
     x = np.arange(len(models))
     seeds = sorted({r["seed"] for r in runs})
     for i, g in enumerate(regimes):
@@ -227,12 +227,12 @@ def plot_bars(records, path: str, confidence: float = 0.95, data_fraction: float
                        zorder=3)
     plotting.draw_chance(ax, plotting.chance_accuracy(runs))
     ax.set_xticks(x, models)
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
     ax.set_ylabel("test accuracy (%)")
     data = plotting.data_label(data_fraction)
     ax.set_title(f"Test accuracy at the best validation checkpoint, {data}\nbar: mean of "
                  f"{len(seeds)} seeds (dots), whisker: {confidence:.0%} t-interval", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     _save(fig, path)
@@ -274,7 +274,7 @@ def plot_curves(records, path: str, data_fraction: float = 1.0,
         plotting.draw_chance(ax, chance)
         ax.set_title(f"{g}\n{budgets.get(g, '')}", fontsize=9)
         ax.set_xlabel("finetuning (classification) steps")
-        ax.set_ylim(0, 100)
+        ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation accuracy (%)")
     axes[0][-1].legend(fontsize=7, loc="lower right")
@@ -314,7 +314,7 @@ def plot_scaling(records, path: str, confidence: float = 0.95) -> str | None:
     ax.set_xticks(fractions, [f"{f:.3g}" for f in fractions])
     ax.set_xlabel("training data fraction")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
     ax.set_title(f"Test accuracy against training data: mean ± {confidence:.0%} t-interval",
                  fontsize=10)
     ax.grid(alpha=0.3)
