@@ -29,8 +29,12 @@ def define_flags():
     flags.DEFINE_string("match", "", "With --all: only configs whose name (e.g. "
                         "'lra.py:pathx,s4,spt-masked') matches this regular expression.")
     flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
-    flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/reproducing.md).")
+    flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/benchmarks.md).")
     flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
+    flags.DEFINE_enum("estimate", "unrolled", ["unrolled", "scanned"],
+                      "Step time for the bound: from the train step compiled again with its "
+                      "layers unrolled (unbiased), or from the scanned step as trained (one "
+                      "compile; libtpu costs the scanned layer body once).")
     flags.DEFINE_integer("jobs", 0, "Stages compiled at once (threads); 0: one per core of "
                          "this process's CPU set.")
     flags.DEFINE_float("effort", FAST_EFFORT, "XLA's execution-time optimisation effort for "
