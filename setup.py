@@ -78,7 +78,7 @@ setup(
     entry_points={
         "console_scripts": [
             "spt-train=sptlib.main:run",
-            "spt-compare=sptlib.protocol.compare:run",
+            "spt-compare=sptlib.compare:run",
         ]
     },
 )

@@ -145,10 +145,39 @@ def _unknown_key_message(e: BaseException, argv) -> str:
             f"field")
 
 
-def parse_absl_flags(argv, prog: str):
-    """absl's flag parsing for `app.run(..., flags_parser=...)`, with one-line errors: a bad
-    flag value, an unknown `--config.` key (with the key path) or an unloadable config file."""
+HELP_ARGS = ("-h", "-?", "-help", "--help", "--helpshort")
+
+
+def print_flags_help(prog: str, doc=None, *, full=False, stream=None):
+    """`--help`: `doc` (default: the `__main__` module's docstring), then every flag the command
+    defined (absl's own `--help` lists only the `__main__` module's flags, so a command whose
+    flags live in another module listed none); `full` adds absl's and other libraries' flags."""
     from absl import flags  # pylint: disable=import-outside-toplevel
+    stream = stream or sys.stdout
+    doc = doc if doc is not None else (getattr(sys.modules.get("__main__"), "__doc__", "") or "")
+    by_module = flags.FLAGS.flags_by_module_dict()
+    mine = sorted(m for m in by_module if full or not m.startswith(("absl", "jax", "ml_collections")))
+    lines = [doc.strip(), "", f"{prog} flags:"] if doc.strip() else [f"{prog} flags:"]
+    for flag in sorted({f for m in mine for f in by_module[m]}, key=lambda f: f.name):
+        help_text = flags.text_wrap(f"--{'[no]' if flag.boolean else ''}{flag.name}: "
+                                    f"{flag.help}", indent="    ", firstline_indent="  ")
+        default = "" if flag.default in (None, "") else f"\n    (default: {flag.default_as_str})"
+        lines.append(help_text + default)
+    if not full:
+        lines.append("\n--helpfull lists absl's own flags too.")
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+
+
+def parse_absl_flags(argv, prog: str, doc=None):
+    """absl's flag parsing for `app.run(..., flags_parser=...)`, with one-line errors: a bad
+    flag value, an unknown `--config.` key (with the key path) or an unloadable config file.
+    `--help` lists the command's own flags (`print_flags_help`, with `doc`) and exits 0."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    args = list(argv[1:argv.index("--")] if "--" in argv else argv[1:])
+    if any(a in HELP_ARGS or a == "--helpfull" for a in args):
+        print_flags_help(prog, doc, full="--helpfull" in args)
+        sys.exit(0)
     error = _config_file_problem(argv) or _repeated_config_flag(argv)
     if error is not None:
         sys.exit(report(error, prog, verbose=wants_traceback(argv)))
@@ -169,7 +198,7 @@ def parse_absl_flags(argv, prog: str):
         if "Traceback (most recent call last)" in text:  # get_config raised: keep its last line
             head = text.split("Traceback (most recent call last)")[0].strip().rstrip(":")
             text = f"{head}: {text.strip().splitlines()[-1].strip()}"
-        error = ConfigError(f"{text}; see --helpfull")
+        error = ConfigError(f"{text}; see --help")
     except (AttributeError, KeyError) as e:  # ml_collections: a locked config has no such key
         error = ConfigError(_through_a_leaf(argv) or _unknown_key_message(e, argv))
     except OSError as e:  # the config file could not be loaded

@@ -18,7 +18,6 @@ from absl import flags
 
 from sptlib import errors
 from sptlib.configs import common
-from sptlib.kernels import platform
 from sptlib import logs
 
 PROG = "sptlib.main"
@@ -36,9 +35,21 @@ _PRINT_CONFIG = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config"])
 
 
-def main(argv):
+def main(argv, prepare=None):
+    """Runs the parsed command; `prepare()` first, once the arguments are known to be good."""
+    try:
+        _main(argv, prepare)
+    except errors.SptlibError as e:
+        raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
+
+
+def _main(argv, prepare):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise errors.ConfigError(f"unexpected arguments {argv[1:]}: every input is a --flag")
+    if not _WORKDIR.value and not _PRINT_CONFIG.value:
+        raise errors.ConfigError("--workdir is required (or --print_config); see --help")
+    if prepare:
+        prepare()
     logs.quiet_library_logs()
     if _PRINT_CONFIG.value:
         # Imported here so that `--help` and flag errors stay fast (JAX is heavy).
@@ -49,20 +60,25 @@ def main(argv):
             raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
         print(json.dumps([s.to_json() for s in resolved], indent=2))
         return
-    if not _WORKDIR.value:
-        raise app.UsageError("--workdir is required (or --print_config)")
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
     from sptlib.protocol import stages
-    try:
-        stages.run(_CONFIG.value, _WORKDIR.value)
-    except errors.SptlibError as e:
-        raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
+    stages.run(_CONFIG.value, _WORKDIR.value)
+
+
+def _prepare_process():
+    # After the flags parse, so `--help` and bad input import no JAX (sptlib.kernels does).
+    from sptlib.kernels import platform
+    platform.prepare_process()  # CPU hosts: keep XLA:CPU's buffers (re-executes this command)
+
+
+def _prepared_main(argv):
+    main(argv, prepare=_prepare_process)
 
 
 def run():
     """Console-script entry point (`spt-train`)."""
-    platform.prepare_process()  # CPU hosts: keep XLA:CPU's buffers (sptlib.kernels.platform)
-    app.run(main, flags_parser=functools.partial(errors.parse_absl_flags, prog=PROG))
+    app.run(_prepared_main, flags_parser=functools.partial(errors.parse_absl_flags, prog=PROG,
+                                                           doc=__doc__))
 
 
 if __name__ == "__main__":

@@ -225,7 +225,7 @@ def test_cli_refuses_full_attention_at_pathx_in_one_line():
 
 def test_cli_bad_slice_and_mesh_are_clear_errors():
     out = _aot(PATHX_TRANSFORMER, "--topology=v4-7")
-    assert out.returncode == 1 and "unknown TPU slice 'v4-7'" in out.stderr
+    assert out.returncode == 2 and "unknown TPU slice 'v4-7'" in out.stderr
     out = _aot(PATHX_TRANSFORMER, "--config.mesh.data=3", "--topology=v4-8", "--stage=pretrain")
     assert out.returncode == 1
     (line,) = _errors(out.stderr)

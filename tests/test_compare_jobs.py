@@ -62,6 +62,8 @@ def test_two_jobs_run_disjoint_halves_then_one_table(tmp_path):
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "job 2/2: shard 1/2" in p.stdout
+    # The rerun-without---shard advice is for a --shard the user passed, not for --jobs's shards.
+    assert "without --shard" not in p.stdout + p.stderr
     shards = [json.loads((wd / f"comparison.shard{i}of2.json").read_text()) for i in range(2)]
     seeds = [[r["seed"] for r in records] for records in shards]
     assert sorted(seeds) == [[0], [1]]
@@ -71,6 +73,11 @@ def test_two_jobs_run_disjoint_halves_then_one_table(tmp_path):
     assert "(2)" in table
     # One generation only: no folder moved aside by a second generator.
     assert not [n for n in os.listdir(tmp_path / "lra") if ".replaced-" in n]
+    # A --shard of the user's own: the advice is printed (its run is finished: nothing trains).
+    p = subprocess.run([sys.executable, "-m", "sptlib.compare", f"--config={path}",
+                        f"--workdir={wd}", "--shard=0/2"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "run the same command without --shard" in p.stdout, p.stderr
 
 
 def test_shard_specs_keep_a_group_in_one_shard():

@@ -29,12 +29,6 @@ if __name__ == "__main__" and {"--accelerator-report", "--peer"} & set(sys.argv)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
 
-if __name__ == "__main__":  # first: on CPU hosts the process is re-executed (platform kernels)
-    from sptlib.kernels import platform
-    platform.prepare_process()
-
-from sptlib.bench import accel, common, markdown, mixers, peers, pipeline, train_step
-
 SECTIONS = ("mixers", "train", "pipeline", "matmul", "peer")  # peer: only with --peer
 
 
@@ -120,10 +114,25 @@ def parse_args(argv):
     p.add_argument("--report-budget-s", type=float, default=390.0,
                    help="--accelerator-report: rows not started within this many seconds are "
                         "skipped (default 390, so that the report ends in under 8 minutes)")
-    p.add_argument("--report-sections", type=_names, default=accel.SECTIONS,
-                   help=f"--accelerator-report sections, of {accel.SECTIONS}")
+    p.add_argument("--report-sections", type=_names, default=None,
+                   help="--accelerator-report sections (default all: text, attention, s4d, "
+                        "steps; sptlib.bench.accel.SECTIONS)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+
+    def one_line_error(message):  # bad input: one line, exit 2 (argparse prints its usage)
+        p.exit(2, f"{p.prog}: error: {message}; see --help\n")
+
+    p.error = one_line_error
     return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args(sys.argv[1:])  # --help and bad flags answer here, before JAX is imported
+    # Then, on CPU hosts, the process is re-executed (platform kernels).
+    from sptlib.kernels import platform
+    platform.prepare_process()
+
+from sptlib.bench import accel, common, markdown, mixers, peers, pipeline, train_step  # noqa: E402
 
 
 def main(argv=None):
@@ -231,6 +240,7 @@ def main(argv=None):
 
 
 def _accelerator_report(args, argv):
+    args.report_sections = args.report_sections or accel.SECTIONS
     bad = [s for s in args.report_sections if s not in accel.SECTIONS]
     if bad:
         raise SystemExit(f"--report-sections: unknown {bad}; known: {accel.SECTIONS}")

@@ -36,7 +36,6 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
-from absl import app
 from absl import flags, logging
 from etils import epath
 import ml_collections
@@ -45,7 +44,6 @@ from ml_collections import config_flags
 from sptlib.protocol import compare_jobs
 from sptlib.protocol.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
 from sptlib import errors
-from sptlib.kernels import platform
 from sptlib.protocol import lmreport
 from sptlib import logs
 from sptlib.protocol import report
@@ -53,44 +51,9 @@ from sptlib.protocol import sweeps
 from sptlib.configs import common, presets, variants
 from sptlib.protocol.records import is_finished, load_results, make_record
 from sptlib.train import results as results_lib
-
-_CONFIG = common.define_config_flag(
-    "config", "Experiment config file with a `compare` section: experiments/X.py[:arg] (the "
-    "packaged experiments, from any folder) or path/to/your_config.py[:arg].", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the whole comparison.")
-# Comma-separated overrides of config.compare.<name>: name -> the help after "Override ...".
-_LIST_OVERRIDES = {
-    "models": ".",
-    "regimes": ".",
-    "seeds": " (integers).",
-    "data_fractions": " (nested training subsets).",
-    "lrs": ": train every cell at each learning rate and report each (model, regime) at the one "
-           "chosen on validation (sptlib.protocol.sweeps).",
-    "lr_seeds": ": only these seeds sweep --lrs; the others run once, at the lr their sweep "
-                "chose on validation.",
-    "length_factors": ": evaluate the finished classifier on test inputs this many times longer "
-                      "(e.g. 2,4), for tasks and models that allow.",
-}
-_OVERRIDE = {name: flags.DEFINE_list(name, None, f"Override config.compare.{name}{more}")
-             for name, more in _LIST_OVERRIDES.items()}
-_RAND_INIT = flags.DEFINE_bool(
-    "rand_init", False, "Also run every SSM model with random (unstructured) state-space init "
-    "(model name + '-randinit'), the paper's structured-vs-random ablation.")
-_REPORT_ONLY = flags.DEFINE_bool(
-    "report_only", False, "Only rebuild comparison.json/md and plots from finished runs.")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and exit.")
-_JOBS = flags.DEFINE_integer("jobs", None, "Processes to run the grid in (each --shard=i/n, "
-                             "pinned to its cores), then the table; 0 = one per core. Default: "
-                             "config.compare.jobs, else 1. See sptlib.protocol.compare_jobs.")
-_VERBOSE = logs.define_verbose_flag()
-_SHARD = flags.DEFINE_string(
-    "shard", None, "i/n: run only shard i of n (0-based; even in training steps, the lrs of an "
-    "SPT cell together), so n processes (e.g. one per core, or one per machine sharing the "
-    "workdir) split the grid. Each writes "
-    "comparison.shard<i>of<n>.json; rerun without --shard (or with --report_only) for the table.")
-_SHARD_DEFERRED = flags.DEFINE_bool(
-    "shard_deferred", False, "With --shard: split only the seeds whose lr a finished sweep chose "
-    "(config.compare.lr_seeds; --jobs's second round).")
+from sptlib.protocol.compare_flags import (  # noqa: F401 (the flags live there)
+    _CONFIG, _DRY_RUN, _JOBS, _LIST_OVERRIDES, _OVERRIDE, _RAND_INIT, _REPORT_ONLY, _SHARD,
+    _SHARD_DEFERRED, _VERBOSE, _WORKDIR)
 
 REGIMES = presets.REGIMES
 
@@ -379,10 +342,10 @@ def parse_numbers(flag: str, values, kind=float, *, low=None, high=None, low_ope
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    logs.quiet_library_logs()
     try:
+        if len(argv) > 1:
+            raise errors.ConfigError(f"unexpected arguments {argv[1:]}: every input is a --flag")
+        logs.quiet_library_logs()
         return _main()
     except errors.SptlibError as e:
         raise SystemExit(errors.report(e, "sptlib.protocol.compare", verbose=_VERBOSE.value or None)) \
@@ -391,7 +354,7 @@ def main(argv):
 
 def _main():
     if _WORKDIR.value is None:
-        raise app.UsageError("--workdir is required")
+        raise errors.ConfigError("--workdir is required; see --help")
     o = {name: flag.value for name, flag in _OVERRIDE.items()}
     seeds = parse_numbers("seeds", o["seeds"], int, low=0)
     fractions = parse_numbers("data_fractions", o["data_fractions"], low=0, high=1, low_open=True)
@@ -424,8 +387,9 @@ def _main():
                                     report_only=_REPORT_ONLY.value, shard=shard,
                                     deferred_only=_SHARD_DEFERRED.value)
     if shard is not None:
-        print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard has "
-              f"finished, run the same command without --shard for the table and plots.")
+        if not compare_jobs.is_worker():  # --jobs's parent builds the table itself
+            print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard "
+                  f"has finished, run the same command without --shard for the table and plots.")
         return
     print(f"\nTable:  {paths['markdown']}\nRecords: {paths['json']}")
     for k, v in paths.items():
@@ -438,12 +402,9 @@ def _main():
 
 
 def run():
-    """Console-script entry point (`spt-compare`)."""
-    import functools
-    platform.prepare_process()  # CPU hosts: keep XLA:CPU's buffers (workers inherit it)
-    flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main, flags_parser=functools.partial(errors.parse_absl_flags,
-                                                 prog="sptlib.protocol.compare"))
+    """Console-script entry point (`spt-compare`): `sptlib.compare.run`."""
+    from sptlib import compare  # pylint: disable=import-outside-toplevel
+    compare.run()
 
 
 if __name__ == "__main__":

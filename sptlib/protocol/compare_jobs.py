@@ -129,6 +129,14 @@ def shard_argv(argv: Sequence[str], i: int, n: int) -> list[str]:
 
 
 _PR_SET_PDEATHSIG = 1
+# Set in the environment of `run_shards`' workers: their parent builds the table, so a worker
+# does not tell the user to rerun without --shard (that is for a --shard the user passed).
+WORKER_ENV = "SPTLIB_COMPARE_JOBS_WORKER"
+
+
+def is_worker() -> bool:
+    """True in a shard process started by `--jobs` (not by a user's own `--shard`)."""
+    return os.environ.get(WORKER_ENV) == "1"
 
 
 def _child_setup(pin, parent_pid):
@@ -166,7 +174,8 @@ def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
         log(f"[compare] job {i + 1}/{jobs}: shard {i}/{jobs}"
             + (f", cores {sorted(pin)}" if pin else ""))
         procs.append(subprocess.Popen(
-            cmd, preexec_fn=lambda p=pin, me=os.getpid(): _child_setup(p, me)))
+            cmd, env=dict(os.environ, **{WORKER_ENV: "1"}),
+            preexec_fn=lambda p=pin, me=os.getpid(): _child_setup(p, me)))
 
     def forward(signum, _frame):
         for p in procs:

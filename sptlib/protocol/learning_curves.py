@@ -131,31 +131,41 @@ def markdown(records) -> str:
 
 
 def write_plots(records, workdir: str, save) -> dict:
-    """`denoising.png` (validation loss against pretraining steps, one line per run) where there
-    are pretraining stages; returns {name: path}. `save(fig, path)` writes a figure."""
+    """`denoising.png` (validation loss against pretraining steps, one colour per model: each
+    seed a thin line, their mean bold) where there are pretraining
+    stages; returns {name: path}. `save(fig, path)` writes a figure."""
     runs = [(r, pretrain_history(r)) for r in _ok(records)]
     runs = [(r, h) for r, h in runs if h]
     if not runs:
         return {}
-    import matplotlib  # deferred: plotting is optional and slow to import
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from sptlib.protocol import plotting  # deferred: matplotlib is slow to import
+    plt = plotting.pyplot()
     fractions = sorted({r.get("data_fraction", 1.0) for r, _ in runs}, reverse=True)
-    fig, axes = plt.subplots(1, len(fractions), figsize=(5.5 * len(fractions), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(fractions), figsize=(6 * len(fractions), 4), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     models = list(dict.fromkeys(r["model"] for r, _ in runs))
     for ax, frac in zip(axes[0], fractions):
-        for r, h in runs:
-            if r.get("data_fraction", 1.0) != frac:
+        for mi, m in enumerate(models):
+            mine = [(r, h) for r, h in runs if r.get("data_fraction", 1.0) == frac
+                    and r["model"] == m]
+            if not mine:
                 continue
-            ax.plot([x["step"] for x in h], [x["loss"] for x in h],
-                    color=colors[models.index(r["model"]) % len(colors)], alpha=0.8,
-                    label=f"{r['model']} seed {r['seed']}")
-        ax.set_title(f"data fraction {frac:g}")
+            color = colors[mi % len(colors)]
+            for _, h in mine:
+                ax.plot([x["step"] for x in h], [x["loss"] for x in h], color=color,
+                        alpha=0.35, linewidth=0.8)
+            steps = sorted(set.intersection(*({x["step"] for x in h} for _, h in mine)))
+            if steps:
+                ys = [[{x["step"]: x["loss"] for x in h}[s] for s in steps] for _, h in mine]
+                ax.plot(steps, np.mean(ys, axis=0), color=color, linewidth=2,
+                        label=f"{m}: mean of {len(mine)} seeds (thin: each seed)")
+        total = max(int(r.get("pretrain_steps") or 0) for r, _ in runs)
+        ax.set_title(f"Self-pretraining: denoising loss on validation data\n"
+                     f"{plotting.data_label(frac)}, {total} steps", fontsize=10)
         ax.set_xlabel("pretraining steps")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("masked-denoising validation loss")
+    axes[0][0].set_ylabel("validation loss of the pretraining objective")
     fig.tight_layout()
     path = os.path.join(workdir, "denoising.png")
     save(fig, path)

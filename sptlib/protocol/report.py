@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
-from sptlib.protocol import learning_curves, lmreport, stats, sweeps
+from sptlib.protocol import learning_curves, lmreport, plotting, stats, sweeps
 from sptlib.configs.paper import REGIMES
 from sptlib.protocol.records import finished as _ok, group  # noqa: F401 (group: public here too)
 
@@ -190,80 +190,97 @@ def _duration(seconds: float) -> str:
 # ------------------------------------------------------------------------------------------------
 
 def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")  # no display; files only
-    import matplotlib.pyplot as plt
-    return plt
+    return plotting.pyplot()
+
+
+def _budgets(runs, regimes) -> dict:
+    """{regime: its budget ('200 steps', '600 pretraining + 200 finetuning steps')}."""
+    return {g: plotting.budget(next(r for r in runs if r["regime"] == g)) for g in regimes
+            if any(r["regime"] == g for r in runs)}
 
 
 def plot_bars(records, path: str, confidence: float = 0.95, data_fraction: float = 1.0) -> str:
-    """Bar chart of mean test accuracy per model × regime with confidence-interval error bars."""
+    """Bar chart of mean test accuracy per model × regime, whiskers the table's t-interval
+    (clipped to [0, 100]), every seed a dot, chance level dashed."""
     plt = _pyplot()
     test = group(records, "test_accuracy")
+    runs = [r for r in _ok(records) if r.get("data_fraction", 1.0) == data_fraction]
     models = _ordered(r["model"] for r in records)
     regimes = _ordered((r["regime"] for r in records), REGIMES)
+    budgets = _budgets(runs, regimes)
     width = 0.8 / max(len(regimes), 1)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(models) * max(len(regimes), 1) * 0.6), 4))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.4 * len(models) * max(len(regimes), 1) * 0.6),
+                                    5.2))
     x = np.arange(len(models))
+    seeds = sorted({r["seed"] for r in runs})
     for i, g in enumerate(regimes):
         ivs = [stats.mean_ci(test.get((data_fraction, m, g), []), confidence) for m in models]
         means = [100 * iv.mean if iv.n else 0.0 for iv in ivs]
-        errs = [100 * iv.half_width if iv.n > 1 else 0.0 for iv in ivs]
-        ax.bar(x + (i - (len(regimes) - 1) / 2) * width, means, width, yerr=errs, capsize=3,
-               label=g)
-        for j, iv in enumerate(ivs):
+        halves = [100 * iv.half_width if iv.n > 1 else 0.0 for iv in ivs]
+        pos = x + (i - (len(regimes) - 1) / 2) * width
+        ax.bar(pos, means, width, yerr=plotting.clipped_yerr(means, halves), capsize=3,
+               label=f"{g} ({budgets.get(g, '?')})")
+        for j, m in enumerate(models):
             # Individual seeds as dots, so n = 2 intervals are not read as precise.
-            vals = test.get((data_fraction, models[j], g), [])
-            ax.scatter([x[j] + (i - (len(regimes) - 1) / 2) * width] * len(vals),
-                       [100 * v for v in vals], s=8, color="black", zorder=3)
+            vals = test.get((data_fraction, m, g), [])
+            ax.scatter([pos[j]] * len(vals), [100 * v for v in vals], s=8, color="black",
+                       zorder=3)
+    plotting.draw_chance(ax, plotting.chance_accuracy(runs))
     ax.set_xticks(x, models)
+    ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Test accuracy, mean ± {confidence:.0%} CI")
-    ax.legend(fontsize=8)
+    data = plotting.data_label(data_fraction)
+    ax.set_title(f"Test accuracy at the best validation checkpoint, {data}\nbar: mean of "
+                 f"{len(seeds)} seeds (dots), whisker: {confidence:.0%} t-interval", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     _save(fig, path)
     return path
 
 
-def plot_curves(records, path: str, data_fraction: float = 1.0) -> str | None:
-    """Validation-accuracy learning curves (mean over seeds, min–max band) of the classification
-    stage; left: against classification steps, right: against all steps including pretraining."""
+def plot_curves(records, path: str, data_fraction: float = 1.0,
+                confidence: float = 0.95) -> str | None:
+    """Validation accuracy of the classification stage against its steps, one panel per regime
+    (its budget in the title; regimes on one axis hid each other), one colour per model: mean
+    over seeds with the table's t-interval as band, chance level dashed."""
     plt = _pyplot()
     runs = [r for r in _ok(records) if r.get("curve") and r.get("data_fraction", 1.0)
             == data_fraction]
     if not runs:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     models = _ordered(r["model"] for r in runs)
     regimes = _ordered((r["regime"] for r in runs), REGIMES)
+    budgets = _budgets(runs, regimes)
+    chance = plotting.chance_accuracy(runs)
+    fig, axes = plt.subplots(1, len(regimes), figsize=(max(6.0, 4.2 * len(regimes) + 1), 4.3),
+                             sharey=True, squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ["-", "--", ":", "-."]
-    for (mi, m), (gi, g) in itertools.product(enumerate(models), enumerate(regimes)):
-        rs = [r for r in runs if r["model"] == m and r["regime"] == g]
-        if not rs:
-            continue
-        # Seeds evaluate at the same steps; keep the steps all of them have.
-        steps = sorted(set.intersection(*(set(r["curve"]["step"]) for r in rs)))
-        if not steps:
-            continue
-        ys = np.array([[dict(zip(r["curve"]["step"], r["curve"]["accuracy"]))[s] for s in steps]
-                       for r in rs]) * 100
-        offset = rs[0].get("pretrain_steps") or 0
-        for ax, off in ((axes[0], 0), (axes[1], offset)):
-            xs = np.array(steps) + off
-            ax.plot(xs, ys.mean(0), styles[gi % len(styles)], color=colors[mi % len(colors)],
-                    label=f"{m} / {g}")
-            if len(rs) > 1:
-                ax.fill_between(xs, ys.min(0), ys.max(0), color=colors[mi % len(colors)],
-                                alpha=0.12)
-    axes[0].set_xlabel("classification steps")
-    axes[1].set_xlabel("total steps (pretraining + classification)")
-    axes[0].set_ylabel("validation accuracy (%)")
-    for ax in axes:
+    seeds = set()
+    for ax, g in zip(axes[0], regimes):
+        for mi, m in enumerate(models):
+            rs = [r for r in runs if r["model"] == m and r["regime"] == g]
+            # Seeds evaluate at the same steps; keep the steps all of them have.
+            steps = sorted(set.intersection(*(set(r["curve"]["step"]) for r in rs))) if rs else []
+            if not steps:
+                continue
+            seeds |= {r["seed"] for r in rs}
+            ys = np.array([[dict(zip(r["curve"]["step"], r["curve"]["accuracy"]))[s]
+                            for s in steps] for r in rs]) * 100
+            mean, lo, hi = plotting.mean_band(ys, confidence, 0.0, 100.0)
+            color = colors[mi % len(colors)]
+            ax.plot(steps, mean, color=color, label=f"{m} ({len(rs)} seeds)")
+            ax.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
+        plotting.draw_chance(ax, chance)
+        ax.set_title(f"{g}\n{budgets.get(g, '')}", fontsize=9)
+        ax.set_xlabel("finetuning (classification) steps")
+        ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    fig.suptitle("Learning curves (mean over seeds; band = min–max)")
+    axes[0][0].set_ylabel("validation accuracy (%)")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Validation accuracy during classification training, "
+                 f"{plotting.data_label(data_fraction)}\nmean of {len(seeds)} seeds, band: "
+                 f"{confidence:.0%} t-interval", fontsize=10)
     fig.tight_layout()
     _save(fig, path)
     return path
@@ -271,13 +288,13 @@ def plot_curves(records, path: str, data_fraction: float = 1.0) -> str | None:
 
 def plot_scaling(records, path: str, confidence: float = 0.95) -> str | None:
     """Mean test accuracy against the training data fraction (log axis), one line per model ×
-    regime with confidence-interval error bars; None with fewer than two fractions."""
+    regime with t-interval whiskers clipped to [0, 100]; None with fewer than two fractions."""
     test = group(records, "test_accuracy")
     fractions = sorted({k[0] for k in test})
     if len(fractions) < 2:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4))
     models = _ordered(k[1] for k in test)
     regimes = _ordered((k[2] for k in test), REGIMES)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -287,17 +304,21 @@ def plot_scaling(records, path: str, confidence: float = 0.95) -> str | None:
         ivs = [(f, iv) for f, iv in ivs if iv.n]
         if not ivs:
             continue
-        ax.errorbar([f for f, _ in ivs], [100 * iv.mean for _, iv in ivs],
-                    yerr=[100 * iv.half_width if iv.n > 1 else 0.0 for _, iv in ivs],
-                    fmt=styles[gi % len(styles)], color=colors[mi % len(colors)], capsize=3,
-                    label=f"{m} / {g}")
+        means = [100 * iv.mean for _, iv in ivs]
+        ax.errorbar([f for f, _ in ivs], means, fmt=styles[gi % len(styles)],
+                    yerr=plotting.clipped_yerr(
+                        means, [100 * iv.half_width if iv.n > 1 else 0.0 for _, iv in ivs]),
+                    color=colors[mi % len(colors)], capsize=3, label=f"{m} / {g}")
+    plotting.draw_chance(ax, plotting.chance_accuracy(_ok(records)))
     ax.set_xscale("log")
     ax.set_xticks(fractions, [f"{f:.3g}" for f in fractions])
     ax.set_xlabel("training data fraction")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Test accuracy against training data, mean ± {confidence:.0%} CI")
+    ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
+    ax.set_title(f"Test accuracy against training data: mean ± {confidence:.0%} t-interval",
+                 fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     _save(fig, path)
     return path

@@ -43,7 +43,7 @@ import sys
 import time
 
 import jax
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from sptlib import data as data_lib
@@ -64,43 +64,7 @@ PAPER_GRID = (("lra.py", ("listops", "text", "retrieval", "image", "pathfinder",
               ("scifar.py", (None,)), ("speech_commands.py", (None,)))
 PAPER_MODELS = ("transformer", "s4")
 PAPER_REGIME = "spt-masked"  # pretrain + finetune; scratch compiles to the finetune step
-# XLA's execution-time optimisation effort for these compiles (-1..1; 0 is what the pod's own
-# compile uses). At -1 libtpu skips most of its search for fast code, which is what makes long
-# FFT convolutions slow to compile on a CPU host (one [4, 16384, 256] convolution's forward and
-# backward: 16 s instead of ~190 s). It fuses less, so at paper sizes it plans *more* memory
-# than effort 0 (ListOps Transformer pretrain 23.1 vs 18.1 GiB per chip; docs/reproducing.md):
-# a fit it reports holds on the pod, and `--effort=0` gives the pod's own plan.
-FAST_EFFORT = -1.0
-
-
-def define_flags():
-    """Defines the CLI's flags. Called by the entry point only: `sptlib.main` and
-    `sptlib.protocol.compare` define `--config` too, and one process (a test worker) may import all
-    three modules."""
-    common.define_config_flag(
-        "config", "Experiment config (experiments/X.py[:arg], packaged; or your own "
-        "path.py[:arg]); override fields with --config.a.b=value.", lock_config=True)
-    flags.DEFINE_string("topology", "", "TPU slice, e.g. v4-32, v5e-16, v5p-8; "
-                        "default: the config's aot.slice.")
-    flags.DEFINE_string("stage", "", "Compile only this stage (default: every stage).")
-    flags.DEFINE_bool("all", False, "Every paper config: each LRA task (PathX-256 "
-                      "included), sCIFAR and Speech Commands x Transformer and S4, each stage.")
-    flags.DEFINE_string("match", "", "With --all: only configs whose name (e.g. "
-                        "'lra.py:pathx,s4,spt-masked') matches this regular expression.")
-    flags.DEFINE_string("json", "", "Write the per-stage records to this JSON file.")
-    flags.DEFINE_bool("markdown", False, "Print a Markdown table (docs/benchmarks.md).")
-    flags.DEFINE_float("mfu", 0.4, "Stated model FLOP utilisation for the chip-hours.")
-    flags.DEFINE_enum("estimate", "unrolled", ["unrolled", "scanned"],
-                      "Step time for the bound: from the train step compiled again with its "
-                      "layers unrolled (unbiased), or from the scanned step as trained (one "
-                      "compile; libtpu costs the scanned layer body once).")
-    flags.DEFINE_integer("jobs", 0, "Stages compiled at once (threads); 0: one per core of "
-                         "this process's CPU set.")
-    flags.DEFINE_float("effort", FAST_EFFORT, "XLA's execution-time optimisation effort for "
-                       "these compiles, -1..1 (jax_exec_time_optimization_effort; a pod's own "
-                       "compile uses 0). -1 compiles long convolutions ~10x faster here and "
-                       "plans more memory than 0 at paper sizes, so its fits are conservative "
-                       "(docs/reproducing.md).")
+from sptlib.slices.aot_flags import FAST_EFFORT, define_flags  # noqa: F401 (re-exported)
 
 
 class DoesNotFit(Exception):
@@ -316,7 +280,9 @@ def run(configs, *, topology="", stage_only="", mfu=0.4, effort=FAST_EFFORT, job
 def main(argv):
     FLAGS = flags.FLAGS  # noqa: N806
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        print(f"sptlib.slices.aot: error: unexpected arguments {argv[1:]}: every input is a "
+              f"--flag", file=sys.stderr)
+        sys.exit(2)
     if importlib.util.find_spec("libtpu") is None:
         print(INSTALL_HINT, file=sys.stderr)
         sys.exit(2)
@@ -328,7 +294,9 @@ def main(argv):
     elif FLAGS.config is not None:
         configs = [(_config_name(), FLAGS.config)]
     else:
-        raise app.UsageError("pass --config=experiments/X.py[:arg] or --all")
+        print("sptlib.slices.aot: error: pass --config=experiments/X.py[:arg] or --all",
+              file=sys.stderr)
+        sys.exit(2)
     try:
         if FLAGS.topology:
             topologies.slice_spec(FLAGS.topology)  # a bad name fails before any compile
@@ -336,9 +304,9 @@ def main(argv):
                                 mfu=FLAGS.mfu, effort=FLAGS.effort, estimate=FLAGS.estimate,
                                 jobs=FLAGS.jobs or len(compare_jobs.usable_cores()),
                                 on_record=_write_json if FLAGS.json else None)
-    except ValueError as e:
-        print(f"sptlib.slices.aot: {e}", file=sys.stderr)
-        sys.exit(1)
+    except ValueError as e:  # a bad --topology, config or stage name: bad input
+        print(f"sptlib.slices.aot: error: {e}", file=sys.stderr)
+        sys.exit(2)
     if FLAGS.markdown:
         print(markdown(records, FLAGS.mfu))
     sys.exit(1 if failures else 0)
@@ -355,9 +323,9 @@ def _config_name():
 
 
 def cli():
-    """Command-line entry point (`python -m sptlib.aot`)."""
-    define_flags()
-    app.run(main)
+    """Command-line entry point (`python -m sptlib.aot`): `sptlib.aot.cli`."""
+    from sptlib import aot as command  # pylint: disable=import-outside-toplevel
+    command.cli()
 
 
 if __name__ == "__main__":
