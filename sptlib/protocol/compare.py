@@ -251,7 +251,8 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                 rec = make_record(spec, load_results(spec.workdir), status="failed",
                                   error=f"{type(e).__name__}: {e}",
                                   wall_time_s=time.time() - t0)
-                (epath.Path(spec.workdir) / "error.txt").write_text(traceback.format_exc())
+                results_lib.write_text(os.path.join(spec.workdir, "error.txt"),
+                                       traceback.format_exc())
                 log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
         if spec.lr is not None:
             rec["lr"], rec["lr_sweep"] = spec.lr, not spec.lr_from

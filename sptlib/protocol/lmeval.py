@@ -34,6 +34,7 @@ from etils import epath
 
 from sptlib import data as data_lib
 from sptlib.protocol import lengthgen
+from sptlib.train import results as results_lib
 from sptlib.train import setup
 from sptlib.train import transfer
 
@@ -210,8 +211,8 @@ def evaluate_cached(config, workdir, factors=FACTORS, **kwargs) -> dict:
             if cached.get("flops_count") != FLOPS_COUNT:  # an older count: redo that part only
                 cached["train_step_flops"] = _flops_or_none(config)
                 cached["flops_count"] = FLOPS_COUNT
-                path.write_text(json.dumps(cached, indent=1))
+                results_lib.write_text(path, json.dumps(cached, indent=1))
             return cached
     out = evaluate(config, workdir, factors, **kwargs)
-    path.write_text(json.dumps(out, indent=1))
+    results_lib.write_text(path, json.dumps(out, indent=1))
     return out

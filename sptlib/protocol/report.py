@@ -17,12 +17,12 @@ import math
 import os
 from typing import Iterable, Sequence
 
-from etils import epath
 import numpy as np
 
 from sptlib.protocol import learning_curves, lmreport, plotting, stats, sweeps
 from sptlib.configs.paper import REGIMES
 from sptlib.protocol.records import finished as _ok, group  # noqa: F401 (group: public here too)
+from sptlib.train import results as results_lib
 
 # (SPT or other prior's regime, baseline regime) pairs whose difference is reported as a gain.
 GAINS = (("spt-masked", "scratch"), ("spt-causal", "scratch"),
@@ -325,13 +325,13 @@ def plot_scaling(records, path: str, confidence: float = 0.95) -> str | None:
 
 
 def _save(fig, path):
-    """PNG of `fig` at `path` through epath (local or gs://)."""
+    """PNG of `fig` at `path` (local or gs://; a planted symlink is replaced, not followed)."""
     import io
     import matplotlib.pyplot as plt
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
-    epath.Path(path).write_bytes(buf.getvalue())
+    results_lib.write_bytes(path, buf.getvalue())
 
 
 def lr_selected(records) -> tuple[list[dict], list[dict]]:
@@ -354,7 +354,7 @@ def write_report(records, workdir: str, title: str = "Comparison") -> dict:
         text += "\n" + "\n".join(sweeps.markdown(lr_rows))
     # causal LM runs: length generalisation, equal compute; then the learning curves
     extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records)) if t]
-    epath.Path(out["markdown"]).write_text("\n".join([text, *extra]))
+    results_lib.write_text(out["markdown"], "\n".join([text, *extra]))
     out.update(lmreport.write_plots(records, workdir, _save))
     out.update(learning_curves.write_plots(records, workdir, _save))
     scaling = plot_scaling(records, os.path.join(workdir, "scaling.png"))

@@ -36,13 +36,23 @@ def write_json(path, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> No
     written), then `os.replace`, which replaces a symlink at `path` instead of writing through
     it (on object stores, `gs://...`, a single write). NumPy/JAX scalars are written as numbers,
     sets as lists, anything else unknown as its `str`."""
+    write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, default=_json_default))
+
+
+def write_text(path, text: str) -> None:
+    """`text` into `path` as `write_json` writes (whole or not at all; a planted symlink at
+    `path` is replaced, never written through); gs://... in a single write."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path, data: bytes) -> None:
+    """`data` into `path` as `write_text` writes (e.g. a PNG)."""
     path = epath.Path(path)
-    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, default=_json_default)
     path.parent.mkdir(parents=True, exist_ok=True)
     if "://" in str(path):
-        path.write_text(text)
+        path.write_bytes(data)
         return
-    write_private_then_replace(str(path), text.encode())
+    write_private_then_replace(str(path), data)
 
 
 def _umask() -> int:
