@@ -1,4 +1,4 @@
-r"""Quickstart: does self-pretraining change a Transformer's verdict against S4D? (~10 min, 2 cores)
+r"""Quickstart: does self-pretraining change a Transformer's verdict against S4D? (17 min, loaded)
 
     python -m sptlib.compare --config=experiments/quickstart.py --workdir=runs/quickstart
 
