@@ -43,6 +43,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from sptlib.protocol import compare_jobs
+from sptlib.protocol import equal_compute
 from sptlib.protocol.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
 from sptlib import errors
 from sptlib.kernels import platform
@@ -108,6 +109,7 @@ class RunSpec:
     lr: float | None = None  # the lr axis (sptlib.protocol.sweeps); None: the config's own lr
     lr_from: tuple = ()  # lrs to choose from on the sweep seeds' validation (sweeps.resolve)
     lr_seeds: tuple = ()
+    spent_from: str = ""  # equal compute: the SPT run whose spent steps it trains (equal_compute)
 
     @property
     def name(self) -> str:
@@ -197,7 +199,8 @@ def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
                 specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
     lrs = lrs if lrs is not None else tuple(comp.get("lrs", ()) or ())
     lr_seeds = lr_seeds if lr_seeds is not None else tuple(comp.get("lr_seeds", ()) or ())
-    return base, sweeps.expand_lrs(specs, [float(x) for x in lrs], [int(s) for s in lr_seeds])
+    return base, equal_compute.order(sweeps.expand_lrs(specs, [float(x) for x in lrs],
+                                                       [int(s) for s in lr_seeds]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -238,23 +241,26 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     # sweep finished), but it chooses lrs and shares pretraining stages over the whole grid.
     mine = specs if shard is None else shard_specs(
         [s for s in specs if not deferred_only or sweeps.deferred(s) and not sweeps.deferred(
-            sweeps.resolve(s, specs, _val_accuracy))], shard, group=sweeps.pretrain_key,
+            sweeps.resolve(s, specs, _val_accuracy))], shard, group=equal_compute.group,
         cost=sweeps.steps)
     json_name = ("comparison.json" if shard is None
                  else f"comparison.shard{shard[0]}of{shard[1]}.json")
     records = []
-    todo = [s for s in mine if not _finished(sweeps.resolve(s, specs, _val_accuracy))]
+    todo = [s for s in mine if not _finished(_resolve(s, specs))]
     log(f"[compare] {len(mine)} runs, {len(mine) - len(todo)} already finished, "
         f"{0 if report_only else len(todo)} to run")
     done = 0
     for spec in mine:
-        spec = sweeps.resolve(spec, specs, _val_accuracy)
-        if sweeps.deferred(spec):
+        spec = _resolve(spec, specs)
+        if _finished(spec):
+            rec = make_record(spec, load_results(spec.workdir), status="finished")
+        elif sweeps.deferred(spec):
             rec = make_record(spec, None, status="missing", error="its lr sweep (seeds "
                               f"{','.join(map(str, spec.lr_seeds))}) is not finished or not in "
                               "--seeds")
-        elif _finished(spec):
-            rec = make_record(spec, load_results(spec.workdir), status="finished")
+        elif equal_compute.waiting(spec) and not report_only:
+            rec = make_record(spec, None, status="missing", error="its SPT run (the steps it "
+                              "matches) is not finished")
         elif report_only:
             rec = make_record(spec, load_results(spec.workdir), status="missing")
         else:
@@ -309,6 +315,20 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     paths = report.write_report(records, workdir, title)
     paths["json"] = os.path.join(workdir, json_name)
     return records, paths
+
+
+def _resolve(spec, specs):
+    """`spec` with its lr chosen on validation (`sweeps`) and, for equal compute matched to a
+    converged SPT run, its step budget (`equal_compute`), as far as finished runs allow."""
+    return equal_compute.resolve(sweeps.resolve(spec, specs, _val_accuracy), specs,
+                                 _val_accuracy, _read_stage)
+
+
+def _read_stage(directory):
+    try:
+        return results_lib.read_stage(directory)
+    except (OSError, errors.ResultsError):
+        return None
 
 
 def _finished(spec) -> bool:

@@ -102,6 +102,8 @@ class StageResults:
     train_steps_per_s: Optional[float] = None
     wall_time_s: Optional[float] = None  # this invocation
     wall_time_total_s: Optional[float] = None  # every invocation, resumed ones included
+    # Training to convergence (sptlib.train.convergence): "patience" | "cap"; None: fixed budget.
+    stop_reason: Optional[str] = None
     last_good_step: Optional[int] = None  # diverged: the last checkpoint kept
     message: str = ""  # diverged: what happened and what to change
 
