@@ -52,9 +52,11 @@ jobs allowed (measured below and in docs/reproducing.md).
 """
 
 from sptlib.configs import common, cpu_sized
+from sptlib.protocol import equal_compute
 
 POSITIONAL = ("grid", "model", "regime")
-GRIDS = ("fmnist", "fmnist784", "fmnist_scale", "fmnist_long", "code", "code_tf")
+GRIDS = ("fmnist", "fmnist784", "fmnist784_conv", "fmnist_scale", "fmnist_long", "code",
+         "code_tf")
 # fmnist_scale: nested training subsets of 1,000 / 5,000 / all 54,000 images (the paper's
 # data-scaling experiment, config.compare.data_fractions).
 FRACTIONS = (1000 / 54000, 5000 / 54000, 1.0)
@@ -72,6 +74,13 @@ FMNIST_STEPS, FMNIST_PRETRAIN = 100, 200
 # Code bytes (batch 8), at the lrs LRS like Fashion-MNIST.
 CODE_STEPS, CODE_PRETRAIN = 100, 200
 CODE_TF_LENGTH = 2048  # the whole window (40 min on 2 idle cores); length=512 in 6 min
+# fmnist784_conv: every stage trains to convergence (sptlib.train.convergence): it stops after
+# CONV_PATIENCE evaluations (every CONV_EVAL_EVERY steps, on CONV_EVAL_STEPS x 256 validation
+# images) without a better validation accuracy (denoising: loss), at the latest at its cap.
+CONV_FRACTIONS = (1000 / 54000, 10000 / 54000)
+CONV_STEPS, CONV_PRETRAIN = 100, 100  # caps (batch 32), sized by the pilot in the docstring
+CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 20, 2, 2
+CONV_TEST_EXAMPLES = 1000
 
 
 def _grid(name, length=None):
@@ -88,6 +97,13 @@ def _grid(name, length=None):
                     pretrain=5 * FMNIST_PRETRAIN, batch=32, fractions=FRACTIONS[::2],
                     lrs=LRS[1:], title="Real data: sequential Fashion-MNIST (L=196), 1k / 54k "
                     "images, 5x the steps")
+    if name == "fmnist784_conv":
+        return dict(models=("transformer", "s4d", "bow"), length=784, steps=CONV_STEPS,
+                    pretrain=CONV_PRETRAIN, batch=32, fractions=CONV_FRACTIONS,
+                    eval_every=CONV_EVAL_EVERY, eval_steps=CONV_EVAL_STEPS,
+                    patience=CONV_PATIENCE, test_examples=CONV_TEST_EXAMPLES,
+                    title="Real data: sequential Fashion-MNIST 28x28 (L=784), 1k / 10k images, "
+                          "trained to convergence")
     if name == "fmnist784":
         return dict(models=("s4d",), length=784, steps=FMNIST_STEPS, pretrain=FMNIST_PRETRAIN,
                     batch=32, title="Real data: sequential Fashion-MNIST 28x28 (L=784)")
@@ -114,11 +130,13 @@ def get_config(arg=""):
     compare = dict(models=g["models"], regimes=REGIMES, seeds=SEEDS, title=g["title"],
                    data_fractions=g.get("fractions", (1.0,)))
     common_kw = dict(n_layers=2, d_model=64, steps=steps, pretrain_steps=pretrain,
-                     batch_size=g["batch"], lr=RECIPE_LR, eval_every=EVAL_EVERY, compare=compare,
+                     batch_size=g["batch"], lr=RECIPE_LR,
+                     eval_every=g.get("eval_every", EVAL_EVERY), compare=compare,
                      init_scheme="torch")
     if name.startswith("fmnist"):
         data = dict(task="fashion_mnist", input_type="continuous",
-                    resolution={196: 14, 784: 28}[g["length"]], test_examples=TEST_EXAMPLES)
+                    resolution={196: 14, 784: 28}[g["length"]],
+                    test_examples=g.get("test_examples", TEST_EXAMPLES))
         c = cpu_sized.comparison(model, regime, data=data, generate={}, target="l1",
                                    **common_kw)
     else:
@@ -128,10 +146,14 @@ def get_config(arg=""):
                                    **common_kw)
     with c.unlocked():
         for s in ("pretrain", "finetune", "scratch"):
-            c.stages[s].eval_steps = EVAL_STEPS if name.startswith("fmnist") else 0  # code: all
+            c.stages[s].eval_steps = (g.get("eval_steps", EVAL_STEPS) if name.startswith("fmnist")
+                                      else 0)  # code: all
+            c.stages[s].patience = g.get("patience", 0)
             # 256 windows of 2,048 bytes through S4D hold ~6 GB on the host: 32 for code.
             c.stages[s].eval_batch_size = 256 if name.startswith("fmnist") else 32
         c.compare.lrs = lrs
         c.compare.lr_seeds = LR_SEEDS
+        if g.get("patience"):  # equal compute: the steps each seed's SPT run spent
+            c.compare.equal_compute = equal_compute.SPENT
     c.lock()
     return c

@@ -69,8 +69,8 @@ def counterpart(spec, specs: Sequence):
     for s in specs:
         if (s.regime == regimes[0] and (s.model, s.seed, s.data_fraction) ==
                 (spec.model, spec.seed, spec.data_fraction)
-                and sweeps.deferred(s) == sweeps.deferred(spec)
-                and (sweeps.deferred(s) or s.lr == spec.lr)):
+                and bool(s.lr_from) == bool(spec.lr_from)  # both sweep, or both deferred
+                and (s.lr_from or s.lr == spec.lr)):
             return s
     return None
 

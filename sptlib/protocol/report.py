@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
-from sptlib.protocol import learning_curves, lmreport, stats, sweeps
+from sptlib.protocol import learning_curves, lmreport, stats, stops, sweeps
 from sptlib.configs.paper import REGIMES
 from sptlib.protocol.records import finished as _ok, group  # noqa: F401 (group: public here too)
 
@@ -332,7 +332,8 @@ def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     if lr_rows:
         text += "\n" + "\n".join(sweeps.markdown(lr_rows))
     # causal LM runs: length generalisation, equal compute; then the learning curves
-    extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records)) if t]
+    extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records),
+                         stops.markdown(records)) if t]
     epath.Path(out["markdown"]).write_text("\n".join([text, *extra]))
     out.update(lmreport.write_plots(records, workdir, _save))
     out.update(learning_curves.write_plots(records, workdir, _save))
