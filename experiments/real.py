@@ -6,6 +6,7 @@ r"""The SPT effect on real data, each model at the learning rate chosen on valid
     python -m sptlib.compare --config=experiments/real.py:code_tf --workdir=runs/real_code_tf2048 --jobs=2
     python -m sptlib.compare --config=experiments/real.py:fmnist_scale --workdir=runs/real_scale --jobs=2
     python -m sptlib.compare --config=experiments/real.py:fmnist_long --workdir=runs/real_long --jobs=2
+    python -m sptlib.compare --config=experiments/real.py:fmnist784_conv --workdir=runs/fmnist784_conv --jobs=2
 
 Grids (CPU-sized; the measured tables, their wall times and what they show are in
 docs/reproducing.md, "Real data"):
@@ -37,6 +38,21 @@ docs/reproducing.md, "Real data"):
   fmnist_long   `fmnist_scale` on 1,000 and 54,000 images with 5x the steps (scratch 500, SPT
                 1,000 + 500, equal compute 1,500: 16 to 48 passes over the 1k images), lrs
                 3e-3 / 1e-2.
+  fmnist784_conv
+                `fmnist` at 28 x 28 (L = 784) on nested subsets of 1,000 and 10,000 training
+                images (`CONV_FRACTIONS`), Transformer, S4D and bow, every stage trained to
+                convergence (`sptlib.train.convergence`): validation (`CONV_EVAL_STEPS` x 256
+                images) every `CONV_EVAL_EVERY` steps, stop after `CONV_PATIENCE` evaluations
+                without a better accuracy (denoising: loss), caps `CONV_STEPS` (scratch,
+                finetune) and `CONV_PRETRAIN` (masked denoising); equal compute trains exactly
+                the steps its seed's SPT run spent (`config.compare.equal_compute = "spent"`,
+                `sptlib.protocol.equal_compute`); test on the first `CONV_TEST_EXAMPLES` test
+                images. 70 runs. Sized to finish in ~100 min on the shared 2-core machine from a
+                pilot there (2026-12-06, load average 8-12 from other sessions): one process ran
+                the Transformer at L = 784 at 0.4-0.6 steps/s (batch 32; 2 steps/s when the
+                cores were free), S4D alike, a 512-image validation pass in ~11 s. At those
+                speeds the caps are far below convergence on 10,000 images (60 steps = 0.19
+                epochs): docs/reproducing.md lists which runs the cap stopped.
 
 Every model: 2 layers, d = 64 (Transformer: 4 heads, FFN x 2, sinusoidal positions), PyTorch's
 initialisation of the dense projections, AdamW with warmup and cosine decay, weight decay 0.01;
@@ -78,9 +94,9 @@ CODE_TF_LENGTH = 2048  # the whole window (40 min on 2 idle cores); length=512 i
 # CONV_PATIENCE evaluations (every CONV_EVAL_EVERY steps, on CONV_EVAL_STEPS x 256 validation
 # images) without a better validation accuracy (denoising: loss), at the latest at its cap.
 CONV_FRACTIONS = (1000 / 54000, 10000 / 54000)
-CONV_STEPS, CONV_PRETRAIN = 100, 100  # caps (batch 32), sized by the pilot in the docstring
-CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 20, 2, 2
-CONV_TEST_EXAMPLES = 1000
+CONV_STEPS, CONV_PRETRAIN = 60, 60  # caps (batch 32), sized by the pilot in the docstring
+CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 10, 1, 2
+CONV_TEST_EXAMPLES = 500
 
 
 def _grid(name, length=None):
