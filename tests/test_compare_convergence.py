@@ -170,3 +170,23 @@ def test_stop_table_marks_cap_and_matched_budgets():
     assert "| 1 | m | spt-masked | finetune | 60, 61 | 20, 20 | 0/2 |" in text
     assert "| 1 | m | scratch-equal-compute | scratch | 160= | 140 | – |" in text
     assert stops.markdown([dict(r, stages={"s": {"steps": 1}}) for r in recs]) == ""
+
+
+def test_real_fmnist784_conv_grid_expands_as_documented(tmp_path):
+    """experiments/real.py:fmnist784_conv: 70 runs (docstring), every stage with the patience,
+    equal compute matched to spent steps and after its SPT runs, 1,000 and 10,000 images."""
+    import math
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base, specs = compare.expand(os.path.join(root, "experiments", "real.py") + ":fmnist784_conv",
+                                 {}, workdir=str(tmp_path))
+    assert len(specs) == 70
+    assert base.compare.equal_compute == equal_compute.SPENT
+    assert sorted({math.ceil(s.data_fraction * 54000) for s in specs}) == [1000, 10000]
+    for s in specs:
+        assert all(s.config.stages[n].patience == 2 for n in s.config.stage_order)
+        assert s.config.data.resolution == 28
+    for i, s in enumerate(specs):
+        if s.regime == "scratch-equal-compute":
+            spt = equal_compute.counterpart(s, specs)
+            assert spt is not None and specs.index(spt) < i
