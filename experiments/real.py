@@ -47,12 +47,14 @@ docs/reproducing.md, "Real data"):
                 finetune) and `CONV_PRETRAIN` (masked denoising); equal compute trains exactly
                 the steps its seed's SPT run spent (`config.compare.equal_compute = "spent"`,
                 `sptlib.protocol.equal_compute`); test on the first `CONV_TEST_EXAMPLES` test
-                images. 70 runs. Sized to finish in ~100 min on the shared 2-core machine from a
-                pilot there (2026-12-06, load average 8-12 from other sessions): one process ran
-                the Transformer at L = 784 at 0.4-0.6 steps/s (batch 32; 2 steps/s when the
-                cores were free), S4D alike, a 512-image validation pass in ~11 s. At those
-                speeds the caps are far below convergence on 10,000 images (60 steps = 0.19
-                epochs): docs/reproducing.md lists which runs the cap stopped.
+                images. 70 runs. Sized from a pilot on the shared 2-core machine (2026-12-06, load
+                average 8-13 from other sessions): one nice-10 process ran the Transformer at
+                L = 784 at 0.4-0.6 steps/s (batch 32; 2 steps/s when the cores were free), S4D
+                alike, a 512-image validation pass in ~11 s; the grid itself then ran at
+                ~0.2 steps/s per process (2 processes), so the caps were cut from 60 to 40 to
+                finish the 1,000-image half within the session. At 40 steps the caps are far
+                below convergence (1.3 epochs of 1,000 images, 0.13 of 10,000):
+                docs/reproducing.md lists which runs the cap stopped, and the measured wall time.
 
 Every model: 2 layers, d = 64 (Transformer: 4 heads, FFN x 2, sinusoidal positions), PyTorch's
 initialisation of the dense projections, AdamW with warmup and cosine decay, weight decay 0.01;
