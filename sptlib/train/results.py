@@ -123,7 +123,9 @@ class StageResults:
         out = dataclasses.asdict(self)
         if self.status == "diverged":
             return {k: out[k] for k in _DIVERGED_KEYS}
-        return {k: v for k, v in out.items() if k not in ("last_good_step", "message")}
+        # stop_reason only where a stage trained to convergence: fixed-budget files stay as they were
+        return {k: v for k, v in out.items() if k not in ("last_good_step", "message")
+                and not (k == "stop_reason" and v is None)}
 
     @classmethod
     def from_json(cls, data, where: str = "results", **extra) -> "StageResults":
