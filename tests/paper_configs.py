@@ -6,8 +6,14 @@ release key `key` (a dotted hydra key, e.g. `model.layer.n_ssm`), in the release
 `tests/test_config_fidelity.py` compares the two for every key of every record, but the keys of
 `NOT_COMPARED` (each with its reason). Release values are read as the release's code reads them
 (`release_value`): `n_ssm: null` is one copy per channel (`SSKernel`: `n_ssm = H`), `lr.dt: null`
-the global lr (`OptimModule.register`: no `lr` in `_optim`, weight decay 0), DLR's
-`lr.Lambda_re: null` its `lr.Lambda` (`DLR.__init__`).
+the global lr (`OptimModule.register`: no `lr` in `_optim`, weight decay 0). DLR's
+`lr.Lambda_re: null` is read per layer (`DLRKernel.__init__` in src/models/sequence/ss/dss.py):
+the first layer copies the `lr` node (`self.lr.update(lr)`), writes `lr.Lambda_re = lr.Lambda`
+into the shared node, not its copy, and registers the real part of Λ (`Lambda_log_neg_re`) with
+its copy's None, i.e. at the global lr with weight decay 0; every later layer is built from the
+written node (`layers = layer * n_layers`, src/models/sequence/model.py) and trains it at
+`lr.Lambda`. sptlib gives every layer `lr.Lambda` (a documented
+deviation, docs/reproducing.md).
 """
 
 import fnmatch
@@ -65,7 +71,9 @@ def release_value(record, key):
     if key == "model.layer.lr.dt" and v is None:
         return fields["optimizer.lr"]["value"]
     if key == "model.layer.lr.Lambda_re" and v is None:
-        return fields["model.layer.lr.Lambda"]["value"]
+        return (f"layer 1: {fields['optimizer.lr']['value']:g} (the global lr, weight decay 0); "
+                f"layers 2-{fields['model.n_layers']['value']}: "
+                f"{fields['model.layer.lr.Lambda']['value']:g}")
     return v
 
 

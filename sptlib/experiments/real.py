@@ -6,6 +6,7 @@ r"""The SPT effect on real data, each model at the learning rate chosen on valid
     python -m sptlib.compare --config=experiments/real.py:code_tf --workdir=runs/real_code_tf2048 --jobs=2
     python -m sptlib.compare --config=experiments/real.py:fmnist_scale --workdir=runs/real_scale --jobs=2
     python -m sptlib.compare --config=experiments/real.py:fmnist_long --workdir=runs/real_long --jobs=2
+    python -m sptlib.compare --config=experiments/real.py:fmnist784_conv --workdir=runs/fmnist784_conv --jobs=2
 
 Grids (CPU-sized; the measured tables, their wall times and what they show are in
 docs/reproducing.md, "Real data"):
@@ -37,6 +38,26 @@ docs/reproducing.md, "Real data"):
   fmnist_long   `fmnist_scale` on 1,000 and 54,000 images with 5x the steps (scratch 500, SPT
                 1,000 + 500, equal compute 1,500: 16 to 48 passes over the 1k images), lrs
                 3e-3 / 1e-2.
+  fmnist784_conv
+                `fmnist` at 28 x 28 (L = 784) on nested subsets of 1,000 and 10,000 training
+                images (`CONV_FRACTIONS`), Transformer, S4D and bow, every stage trained to
+                convergence (`sptlib.train.convergence`): validation (`CONV_EVAL_STEPS` x 256
+                images) every `CONV_EVAL_EVERY` steps, stop after `CONV_PATIENCE` evaluations
+                without a better accuracy (denoising: loss), caps `CONV_STEPS` (scratch,
+                finetune) and `CONV_PRETRAIN` (masked denoising); equal compute trains exactly
+                the steps its seed's SPT run spent (`config.compare.equal_compute = "spent"`,
+                `sptlib.protocol.equal_compute`); test on the first `CONV_TEST_EXAMPLES` test
+                images. 70 runs. Sized from a pilot on the shared 2-core machine (2026-12-06, load
+                average 8-13 from other sessions): one nice-10 process ran the Transformer at
+                L = 784 at 0.4-0.6 steps/s (batch 32; 2 steps/s when the cores were free), S4D
+                alike, a 512-image validation pass in ~11 s; the grid itself then ran at
+                ~0.2 steps/s per process (2 processes), so the caps were cut from 60 to 40 to
+                finish the 1,000-image half within the session. At 40 steps the caps are far
+                below convergence (1.3 epochs of 1,000 images, 0.13 of 10,000):
+                docs/reproducing.md lists which runs the cap stopped. Measured 2026-12-06
+                with --jobs=2 at nice 10 beside other sessions' jobs: 90.3 min for the 70 runs
+                (51.2 for the 1,000-image half run first with
+                --data_fractions=0.018518518518518517, then 39.1 for the 10,000-image half).
 
 Every model: 2 layers, d = 64 (Transformer: 4 heads, FFN x 2, sinusoidal positions), PyTorch's
 initialisation of the dense projections, AdamW with warmup and cosine decay, weight decay 0.01;
@@ -52,9 +73,11 @@ jobs allowed (measured below and in docs/reproducing.md).
 """
 
 from sptlib.configs import common, cpu_sized
+from sptlib.protocol import equal_compute
 
 POSITIONAL = ("grid", "model", "regime")
-GRIDS = ("fmnist", "fmnist784", "fmnist_scale", "fmnist_long", "code", "code_tf")
+GRIDS = ("fmnist", "fmnist784", "fmnist784_conv", "fmnist_scale", "fmnist_long", "code",
+         "code_tf")
 # fmnist_scale: nested training subsets of 1,000 / 5,000 / all 54,000 images (the paper's
 # data-scaling experiment, config.compare.data_fractions).
 FRACTIONS = (1000 / 54000, 5000 / 54000, 1.0)
@@ -72,6 +95,13 @@ FMNIST_STEPS, FMNIST_PRETRAIN = 100, 200
 # Code bytes (batch 8), at the lrs LRS like Fashion-MNIST.
 CODE_STEPS, CODE_PRETRAIN = 100, 200
 CODE_TF_LENGTH = 2048  # the whole window (40 min on 2 idle cores); length=512 in 6 min
+# fmnist784_conv: every stage trains to convergence (sptlib.train.convergence): it stops after
+# CONV_PATIENCE evaluations (every CONV_EVAL_EVERY steps, on CONV_EVAL_STEPS x 256 validation
+# images) without a better validation accuracy (denoising: loss), at the latest at its cap.
+CONV_FRACTIONS = (1000 / 54000, 10000 / 54000)
+CONV_STEPS, CONV_PRETRAIN = 40, 40  # caps (batch 32), sized by the pilot in the docstring
+CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 10, 1, 2
+CONV_TEST_EXAMPLES = 500
 
 
 def _grid(name, length=None):
@@ -88,6 +118,13 @@ def _grid(name, length=None):
                     pretrain=5 * FMNIST_PRETRAIN, batch=32, fractions=FRACTIONS[::2],
                     lrs=LRS[1:], title="Real data: sequential Fashion-MNIST (L=196), 1k / 54k "
                     "images, 5x the steps")
+    if name == "fmnist784_conv":
+        return dict(models=("transformer", "s4d", "bow"), length=784, steps=CONV_STEPS,
+                    pretrain=CONV_PRETRAIN, batch=32, fractions=CONV_FRACTIONS,
+                    eval_every=CONV_EVAL_EVERY, eval_steps=CONV_EVAL_STEPS,
+                    patience=CONV_PATIENCE, test_examples=CONV_TEST_EXAMPLES,
+                    title="Real data: sequential Fashion-MNIST 28x28 (L=784), 1k / 10k images, "
+                          "trained to convergence")
     if name == "fmnist784":
         return dict(models=("s4d",), length=784, steps=FMNIST_STEPS, pretrain=FMNIST_PRETRAIN,
                     batch=32, title="Real data: sequential Fashion-MNIST 28x28 (L=784)")
@@ -114,11 +151,13 @@ def get_config(arg=""):
     compare = dict(models=g["models"], regimes=REGIMES, seeds=SEEDS, title=g["title"],
                    data_fractions=g.get("fractions", (1.0,)))
     common_kw = dict(n_layers=2, d_model=64, steps=steps, pretrain_steps=pretrain,
-                     batch_size=g["batch"], lr=RECIPE_LR, eval_every=EVAL_EVERY, compare=compare,
+                     batch_size=g["batch"], lr=RECIPE_LR,
+                     eval_every=g.get("eval_every", EVAL_EVERY), compare=compare,
                      init_scheme="torch")
     if name.startswith("fmnist"):
         data = dict(task="fashion_mnist", input_type="continuous",
-                    resolution={196: 14, 784: 28}[g["length"]], test_examples=TEST_EXAMPLES)
+                    resolution={196: 14, 784: 28}[g["length"]],
+                    test_examples=g.get("test_examples", TEST_EXAMPLES))
         c = cpu_sized.comparison(model, regime, data=data, generate={}, target="l1",
                                    **common_kw)
     else:
@@ -128,10 +167,14 @@ def get_config(arg=""):
                                    **common_kw)
     with c.unlocked():
         for s in ("pretrain", "finetune", "scratch"):
-            c.stages[s].eval_steps = EVAL_STEPS if name.startswith("fmnist") else 0  # code: all
+            c.stages[s].eval_steps = (g.get("eval_steps", EVAL_STEPS) if name.startswith("fmnist")
+                                      else 0)  # code: all
+            c.stages[s].patience = g.get("patience", 0)
             # 256 windows of 2,048 bytes through S4D hold ~6 GB on the host: 32 for code.
             c.stages[s].eval_batch_size = 256 if name.startswith("fmnist") else 32
         c.compare.lrs = lrs
         c.compare.lr_seeds = LR_SEEDS
+        if g.get("patience"):  # equal compute: the steps each seed's SPT run spent
+            c.compare.equal_compute = equal_compute.SPENT
     c.lock()
     return c

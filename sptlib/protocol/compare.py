@@ -7,10 +7,12 @@ The experiment config names the grid in its `compare` section (`models`, `regime
 `data_fractions`, `length_factors`, `lrs`: the lr axis, `sptlib.protocol.sweeps`). Every cell is a
 complete single-run config made by calling the experiment file's `get_config` again with
 `model=<m>,regime=<r>` added to its argument (see `sptlib.configs.common`), then setting `seed`
-and `data.data_fraction`; `--config.a.b=v` overrides apply to every run. Regimes:
+and `data.data_fraction` (`sptlib.protocol.grid.expand`); `--config.a.b=v` overrides apply to every run. Regimes:
 
   scratch                classification from random init;
   scratch-equal-compute  the same, for pretrain + finetune steps (a control the paper omits);
+                         with stages trained to convergence and `compare.equal_compute =
+                         "spent"`, for the steps its seed's SPT run spent (`equal_compute`);
   spt-masked             masked-denoising self-pretraining, then finetuning from its best
                          checkpoint with the head re-initialised (same finetune budget as scratch);
   spt-causal             the same with next-token prediction on a causal backbone;
@@ -26,15 +28,13 @@ written (`sptlib.protocol.report`) and their paths printed.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import math
 import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from absl import flags, logging
 from etils import epath
@@ -42,13 +42,15 @@ import ml_collections
 from ml_collections import config_flags
 
 from sptlib.protocol import compare_jobs
+from sptlib.protocol import equal_compute
+from sptlib.protocol.grid import RunSpec, expand, run_dir  # noqa: F401 (re-exported)
 from sptlib.protocol.compare_jobs import parse_shard, shard_specs  # noqa: F401 (re-exported)
 from sptlib import errors
 from sptlib.protocol import lmreport
 from sptlib import logs
 from sptlib.protocol import report
 from sptlib.protocol import sweeps
-from sptlib.configs import common, presets, variants
+from sptlib.configs import presets
 from sptlib.protocol.records import is_finished, load_results, make_record
 from sptlib.train import results as results_lib
 from sptlib.protocol.compare_flags import (  # noqa: F401 (the flags live there)
@@ -56,112 +58,6 @@ from sptlib.protocol.compare_flags import (  # noqa: F401 (the flags live there)
     _SHARD_DEFERRED, _VERBOSE, _WORKDIR)
 
 REGIMES = presets.REGIMES
-
-
-@dataclasses.dataclass
-class RunSpec:
-    """One cell of the grid: a complete config and the directory it runs in."""
-
-    model: str
-    regime: str
-    seed: int
-    data_fraction: float
-    config: ml_collections.ConfigDict
-    workdir: str
-    lr: float | None = None  # the lr axis (sptlib.protocol.sweeps); None: the config's own lr
-    lr_from: tuple = ()  # lrs to choose from on the sweep seeds' validation (sweeps.resolve)
-    lr_seeds: tuple = ()
-
-    @property
-    def name(self) -> str:
-        frac = "" if self.data_fraction == 1.0 else f" frac={self.data_fraction:g}"
-        lr = (" lr=(from validation)" if sweeps.deferred(self) else
-              "" if self.lr is None else f" lr={self.lr:g}")
-        return f"{self.model}/{self.regime}/seed{self.seed}{frac}{lr}"
-
-
-def run_dir(root: str, model: str, regime: str, seed: int, data_fraction: float = 1.0) -> str:
-    cell = regime if data_fraction == 1.0 else f"{regime}-frac{data_fraction:g}"
-    return os.path.join(root, model, cell, f"seed{seed}")
-
-
-def _set_path(cfg, path: str, value):
-    """Sets `cfg.a.b.c = value` for `path='a.b.c'` (the key must exist: configs are locked)."""
-    *parents, leaf = path.split(".")
-    node = cfg
-    for p in parents:
-        node = node[p]
-    node[leaf] = value
-
-
-def expand(config_file: str, overrides: dict[str, Any] | None = None, *,
-           workdir: str, models: Sequence[str] | None = None,
-           regimes: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-           data_fractions: Sequence[float] | None = None,
-           rand_init: bool = False, lrs: Sequence[float] | None = None,
-           lr_seeds: Sequence[int] | None = None
-           ) -> tuple[ml_collections.ConfigDict, list[RunSpec]]:
-    """Expands `path.py[:arg]` into one RunSpec per model × regime × data fraction × seed.
-
-    Args:
-      config_file: the experiment file and its optional `get_config` argument.
-      overrides: flat {'a.b.c': value} applied to every run (`--config.a.b.c=value`); keys under
-        `compare.` only change the grid.
-      workdir: root of the comparison.
-      models, regimes, seeds, data_fractions: override the config's `compare` section.
-      rand_init: add `<model>-randinit` for every model that has a random-init variant.
-      lrs: learning rates of the lr axis (default config.compare.lrs; none: no axis).
-      lr_seeds: the seeds that sweep them (default config.compare.lr_seeds; none: every seed).
-
-    Returns:
-      (the base config, the run specs in execution order: seed-major, so that an interrupted
-      comparison already has every cell at n = 1 before any reaches n = 2).
-    """
-    overrides = dict(overrides or {})
-    path, _, arg = config_file.partition(":")
-    module = common.load_module(path)
-    base = copy.deepcopy(module.get_config(arg) if arg else module.get_config())
-    for k, v in overrides.items():
-        if k.startswith("compare."):
-            _set_path(base, k, v)
-    comp = base.compare
-    models = list(models or comp.models)
-    if rand_init:
-        models += [m + "-randinit" for m in models if presets.has_randinit(m)]
-    regimes = list(regimes or comp.regimes)
-    seeds = [int(s) for s in (seeds if seeds is not None else comp.seeds)]
-    fractions = [float(f) for f in (data_fractions or comp.data_fractions)]
-    for g in regimes:
-        if g not in REGIMES:
-            raise errors.ConfigError(f"--regimes / config.compare.regimes: unknown regime {g!r}; "
-                                     f"known: {', '.join(REGIMES)}")
-    parsed = common.parse_arg(arg, getattr(module, "POSITIONAL", ()))
-    cells = {}
-    for m in models:
-        for g in (g for g in regimes if variants.runs_regime(m, g)):
-            try:
-                cfg = module.get_config(common.format_arg({**parsed, "model": m,
-                                                            "regime": g}))
-            except (ValueError, KeyError) as e:  # e.g. a model the experiment does not know
-                raise errors.ConfigError(f"--models / --regimes (config.compare): model {m!r}, "
-                                         f"regime {g!r}: {e}") from e
-            with cfg.unlocked():
-                for k, v in overrides.items():
-                    if not k.startswith("compare."):
-                        _set_path(cfg, k, v)
-            cells[(m, g)] = cfg
-    specs = []
-    for seed in seeds:
-        for frac in fractions:
-            for (m, g), cell in cells.items():
-                cfg = copy.deepcopy(cell)
-                cfg.seed = seed
-                cfg.data.data_fraction = frac
-                specs.append(RunSpec(m, g, seed, frac, cfg, run_dir(workdir, m, g, seed, frac)))
-    lrs = lrs if lrs is not None else tuple(comp.get("lrs", ()) or ())
-    lr_seeds = lr_seeds if lr_seeds is not None else tuple(comp.get("lr_seeds", ()) or ())
-    return base, sweeps.expand_lrs(specs, [float(x) for x in lrs], [int(s) for s in lr_seeds])
-
 
 # ------------------------------------------------------------------------------------------------
 # Running.
@@ -201,23 +97,26 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     # sweep finished), but it chooses lrs and shares pretraining stages over the whole grid.
     mine = specs if shard is None else shard_specs(
         [s for s in specs if not deferred_only or sweeps.deferred(s) and not sweeps.deferred(
-            sweeps.resolve(s, specs, _val_accuracy))], shard, group=sweeps.pretrain_key,
+            sweeps.resolve(s, specs, _val_accuracy))], shard, group=equal_compute.group,
         cost=sweeps.steps)
     json_name = ("comparison.json" if shard is None
                  else f"comparison.shard{shard[0]}of{shard[1]}.json")
     records = []
-    todo = [s for s in mine if not _finished(sweeps.resolve(s, specs, _val_accuracy))]
+    todo = [s for s in mine if not _finished(_resolve(s, specs))]
     log(f"[compare] {len(mine)} runs, {len(mine) - len(todo)} already finished, "
         f"{0 if report_only else len(todo)} to run")
     done = 0
     for spec in mine:
-        spec = sweeps.resolve(spec, specs, _val_accuracy)
-        if sweeps.deferred(spec):
+        spec = _resolve(spec, specs)
+        if _finished(spec):
+            rec = make_record(spec, load_results(spec.workdir), status="finished")
+        elif sweeps.deferred(spec):
             rec = make_record(spec, None, status="missing", error="its lr sweep (seeds "
                               f"{','.join(map(str, spec.lr_seeds))}) is not finished or not in "
                               "--seeds")
-        elif _finished(spec):
-            rec = make_record(spec, load_results(spec.workdir), status="finished")
+        elif equal_compute.waiting(spec) and not report_only:
+            rec = make_record(spec, None, status="missing", error="its SPT run (the steps it "
+                              "matches) is not finished")
         elif report_only:
             rec = make_record(spec, load_results(spec.workdir), status="missing")
         else:
@@ -273,6 +172,20 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
     paths = report.write_report(records, workdir, title)
     paths["json"] = os.path.join(workdir, json_name)
     return records, paths
+
+
+def _resolve(spec, specs):
+    """`spec` with its lr chosen on validation (`sweeps`) and, for equal compute matched to a
+    converged SPT run, its step budget (`equal_compute`), as far as finished runs allow."""
+    return equal_compute.resolve(sweeps.resolve(spec, specs, _val_accuracy), specs,
+                                 _val_accuracy, _read_stage)
+
+
+def _read_stage(directory):
+    try:
+        return results_lib.read_stage(directory)
+    except (OSError, errors.ResultsError):
+        return None
 
 
 def _finished(spec) -> bool:

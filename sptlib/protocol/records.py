@@ -68,6 +68,8 @@ def make_record(spec, summary: RunResults | None, *, status: str, error: str = "
            "workdir": spec.workdir, "status": status, "stages": {}}
     if error:
         rec["error"] = error
+    if getattr(spec, "spent_from", ""):  # equal compute: the SPT run whose steps it trains
+        rec["steps_matched_to"] = spec.spent_from
     total_wall = 0.0
     for name in order:
         st = _stage_results(summary, spec.workdir, name)
@@ -77,6 +79,8 @@ def make_record(spec, summary: RunResults | None, *, status: str, error: str = "
             "wall_time_s": wall,
             "objective": spec.config.stages[name].objective.kind,
             "best_step": st.best_step,
+            # Training to convergence: "patience" | "cap" (None: a fixed budget).
+            "stop_reason": st.stop_reason,
             "best_metric": st.best_metric,
             "best_validation": st.validation.get("best"),
             "train_steps_per_s": st.train_steps_per_s,

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from sptlib.protocol import learning_curves, lmreport, plotting, stats, sweeps
+from sptlib.protocol import learning_curves, lmreport, plotting, stats, stops, sweeps
 from sptlib.configs.paper import REGIMES
 from sptlib.protocol.records import finished as _ok, group  # noqa: F401 (group: public here too)
 from sptlib.train import results as results_lib
@@ -353,7 +353,8 @@ def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     if lr_rows:
         text += "\n" + "\n".join(sweeps.markdown(lr_rows))
     # causal LM runs: length generalisation, equal compute; then the learning curves
-    extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records)) if t]
+    extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records),
+                         stops.markdown(records)) if t]
     results_lib.write_text(out["markdown"], "\n".join([text, *extra]))
     out.update(lmreport.write_plots(records, workdir, _save))
     out.update(learning_curves.write_plots(records, workdir, _save))

@@ -18,6 +18,7 @@ from sptlib import objectives
 from sptlib.data import config as data_config_lib
 from sptlib.errors import ConfigError
 from sptlib.models import config as model_config_lib
+from sptlib.train import convergence
 from sptlib.train import optim
 from sptlib.train import sharding
 
@@ -25,7 +26,7 @@ from sptlib.train import sharding
 _STAGE_SCALARS = (
     "num_steps", "batch_size", "eval_batch_size", "eval_every", "eval_steps", "checkpoint_every",
     "keep", "best_metric", "best_mode", "init_from", "init_checkpoint", "dont_load", "log_every",
-    "async_checkpoints", "seed_offset", "start_over_if_unreadable",
+    "async_checkpoints", "seed_offset", "start_over_if_unreadable", "patience", "min_delta",
 )
 
 
@@ -93,6 +94,11 @@ def stage_config(**overrides):
     # When every checkpoint of this stage is unreadable (moved to checkpoints/corrupt/): False =
     # stop with an error; True = train the stage again from its start (an explicit choice).
     c.start_over_if_unreadable = False
+    # Train to convergence (sptlib.train.convergence): stop after `patience` evaluations in a
+    # row without an improvement of best_metric by more than `min_delta`; num_steps is the cap.
+    # 0 = train exactly num_steps.
+    c.patience = 0
+    c.min_delta = 0.0
     # Optional profiler trace of a window of steps.
     c.profile = profile_config()
     for key, value in overrides.items():
@@ -178,5 +184,8 @@ def validate(config):
         if s.init_checkpoint not in ("best", "latest"):
             raise ConfigError(f"config.stages.{name}.init_checkpoint must be best or latest, got "
                               f"{s.init_checkpoint!r}")
+        bad = convergence.validate(name, s)
+        if bad:
+            raise ConfigError(bad)
         if s.init_from == name:
             raise ConfigError(f"config.stages.{name}.init_from names the stage itself")

@@ -39,6 +39,7 @@ from sptlib import data as data_lib
 from sptlib import errors
 from sptlib.errors import NonFiniteLossError, PreemptedError, ResultsError  # noqa: F401
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import convergence
 from sptlib.train import guards
 from sptlib.train import metrics as metrics_lib
 from sptlib.train import results as results_lib
@@ -87,7 +88,8 @@ def _train_stage(config, stage_name, workdir):
     stage_dir = workdir / stage_name
     guards.check_inputs(config, stage_name, workdir)  # upstream changed: start afresh
     previous = results_lib.read_stage(stage_dir)
-    if previous and previous.finished and previous.final_step == int(stage.num_steps):
+    if previous and previous.finished and (previous.final_step == int(stage.num_steps) or
+                                           previous.stop_reason == convergence.PATIENCE):
         logging.info("[%s] already finished (%s); not training again.", stage_name,
                      stage_dir / RESULTS_FILE)
         if is_main_process():
@@ -285,7 +287,9 @@ class _Run:
         self._resume_records()
         self.progress = metrics_lib.Progress(self.step, num_steps, time.time)
         acc = None
-        while self.step < num_steps:
+        # Training to convergence stops after the evaluation that shows it (a resumed stage
+        # whose checkpoint is that evaluation's does not train on).
+        while self.step < num_steps and not convergence.should_stop(self.history, stage):
             self._start_profile()
             batch = sharding.shard_batch(next(self.train_iter), built.mesh, built.rules)
             state, step_metrics = built.train_step(state, batch)
@@ -438,6 +442,7 @@ def final_evaluation(run: _Run, state) -> StageResults:
         validation={"best": best_metrics["validation"], "last": last_metrics["validation"]},
         test={"best": best_metrics["test"], "last": last_metrics["test"]},
         params_fingerprint=fingerprint, history=run.history, resumed_at_step=run.start_step,
+        stop_reason=convergence.stop_reason(run.history, stage, step),
         train_steps_per_s=train_rate if math.isfinite(train_rate) else None,
         wall_time_s=time.time() - run.t_start, wall_time_total_s=run.wall_total())
     m = stage.best_metric

@@ -141,6 +141,8 @@ class StageResults:
     train_steps_per_s: Optional[float] = None
     wall_time_s: Optional[float] = None  # this invocation
     wall_time_total_s: Optional[float] = None  # every invocation, resumed ones included
+    # Training to convergence (sptlib.train.convergence): "patience" | "cap"; None: fixed budget.
+    stop_reason: Optional[str] = None
     last_good_step: Optional[int] = None  # diverged: the last checkpoint kept
     message: str = ""  # diverged: what happened and what to change
 
@@ -160,7 +162,9 @@ class StageResults:
         out = dataclasses.asdict(self)
         if self.status == "diverged":
             return {k: out[k] for k in _DIVERGED_KEYS}
-        return {k: v for k, v in out.items() if k not in ("last_good_step", "message")}
+        # stop_reason only where a stage trained to convergence: fixed-budget files stay as they were
+        return {k: v for k, v in out.items() if k not in ("last_good_step", "message")
+                and not (k == "stop_reason" and v is None)}
 
     @classmethod
     def from_json(cls, data, where: str = "results", **extra) -> "StageResults":

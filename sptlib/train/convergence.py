@@ -1,0 +1,70 @@
+"""Training to convergence: stop a stage when validation has stopped improving.
+
+A stage with `patience > 0` stops after the evaluation at which its `best_metric` (classification:
+validation accuracy, max; denoising: validation loss, min) has not improved by more than
+`min_delta` on the best value so far for `patience` evaluations in a row; `num_steps` is then the
+cap (the schedule still decays over it). `patience = 0` trains exactly `num_steps`. The best
+checkpoint is kept as always (`sptlib.train.checkpoint`), and `results.json` records where and why
+the stage stopped (`stop_reason`: "patience" | "cap").
+
+The decision depends only on the validation history (`history.json`, also saved in every
+checkpoint), so a killed stage resumed from its latest checkpoint stops at the same step: the
+training steps and evaluations it recomputes are the same, and a stage killed after its stopping
+evaluation (but before its results were written) resumes straight into its final evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+PATIENCE = "patience"
+CAP = "cap"
+
+
+def evaluations_without_improvement(history: Sequence[dict], metric: str, mode: str,
+                                    min_delta: float = 0.0) -> int:
+    """How many evaluations of `history` (`[{"step": s, metric: v}]`, in step order) came after
+    the last one that improved the best `metric` so far by more than `min_delta` (the first
+    evaluation always improves; non-finite values never do)."""
+    best, since = None, 0
+    for h in history:
+        v = h.get(metric)
+        v = None if v is None or not math.isfinite(float(v)) else float(v)
+        better = v is not None and (best is None or (
+            v > best + min_delta if mode == "max" else v < best - min_delta))
+        if better:
+            best, since = v, 0
+        else:
+            since += 1
+    return since
+
+
+def should_stop(history: Sequence[dict], stage) -> bool:
+    """True when the stage (`patience`, `min_delta`, `best_metric`, `best_mode`) has converged
+    by its validation `history`."""
+    patience = int(stage.get("patience", 0) or 0)
+    if patience <= 0 or not history:
+        return False
+    return evaluations_without_improvement(history, stage.best_metric, stage.best_mode,
+                                           float(stage.get("min_delta", 0.0) or 0.0)) >= patience
+
+
+def stop_reason(history: Sequence[dict], stage, final_step: int) -> str | None:
+    """Why a finished stage stopped: "patience" (converged before the cap), "cap" (a stage
+    training to convergence reached `num_steps`), None (a fixed-budget stage)."""
+    if int(stage.get("patience", 0) or 0) <= 0:
+        return None
+    if final_step < int(stage.num_steps) and should_stop(history, stage):
+        return PATIENCE
+    return CAP
+
+
+def validate(name: str, stage) -> str | None:
+    """An error message for bad convergence fields of stage `name`, or None."""
+    if int(stage.get("patience", 0) or 0) < 0:
+        return f"config.stages.{name}.patience must be >= 0 (0 = a fixed budget), got " \
+               f"{stage.patience}"
+    if float(stage.get("min_delta", 0.0) or 0.0) < 0:
+        return f"config.stages.{name}.min_delta must be >= 0, got {stage.min_delta}"
+    return None
