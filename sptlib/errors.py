@@ -34,6 +34,8 @@ import signal
 import sys
 import traceback
 
+from sptlib import config_paths
+
 TRACEBACK_ENV = "SPTLIB_TRACEBACK"
 EXIT_ERROR = 2  # a SptlibError: bad input, or a run stopped with its checkpoints kept
 EXIT_PREEMPTED = 3  # stopped on request; the same command resumes
@@ -218,12 +220,13 @@ def parse_absl_flags(argv, prog: str, doc=None):
 
 
 def _config_path(argv):
-    """The file of `--config=<file>[:arg]` (or `--config <file>`), or None."""
+    """The file of `--config=<file>[:arg]` (or `--config <file>`) as loading resolves it (a
+    packaged `experiments/X.py`), or None."""
     for i, a in enumerate(argv):
         if a.startswith("--config="):
-            return a.split("=", 1)[1].split(":")[0]
+            return config_paths.resolve_config_path(a.split("=", 1)[1].split(":")[0])
         if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1].split(":")[0]
+            return config_paths.resolve_config_path(argv[i + 1].split(":")[0])
     return None
 
 

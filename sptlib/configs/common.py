@@ -19,6 +19,10 @@ import os
 import sys
 from typing import Any
 
+# The addressing of packaged experiment files lives in the foundation (flag parsing uses it).
+from sptlib.config_paths import (  # noqa: F401
+    EXPERIMENTS_DIR, resolve_config, resolve_config_path)
+
 
 def parse_arg(arg: str | None, positional=()) -> dict[str, str]:
     """'listops,s4d,seeds=3' with positional ('task', 'model') -> {task, model, seeds}."""
@@ -46,38 +50,6 @@ def parse_arg(arg: str | None, positional=()) -> dict[str, str]:
 def format_arg(values: dict[str, Any]) -> str:
     """Inverse of `parse_arg` (keyword form, so any file's positional order is irrelevant)."""
     return ",".join(f"{k}={v}" for k, v in values.items() if v is not None)
-
-
-# sptlib/experiments/, beside this package (the installed package, or the clone's).
-EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "experiments")
-_PACKAGED_PREFIXES = ("experiments/", "sptlib/experiments/")
-
-
-def resolve_config_path(path: str) -> str:
-    """`experiments/lra.py` -> `<site-packages>/sptlib/experiments/lra.py` when no
-    `experiments/lra.py` exists relative to the current directory; every other path unchanged.
-
-    A file of the user's own with the same relative path wins (it exists), and a name that is no
-    packaged file stays as given, so the loader's error names what the user typed.
-    """
-    if not path or os.path.exists(path) or "://" in path:
-        return path
-    rel = path.replace(os.sep, "/")
-    while rel.startswith("./"):
-        rel = rel[2:]
-    for prefix in _PACKAGED_PREFIXES:
-        if rel.startswith(prefix):
-            packaged = os.path.join(EXPERIMENTS_DIR, *rel[len(prefix):].split("/"))
-            if os.path.isfile(packaged):
-                return packaged
-    return path
-
-
-def resolve_config(config: str) -> str:
-    """`file.py[:arg]` with its file resolved by `resolve_config_path` (the arg unchanged)."""
-    path, sep, arg = config.partition(":")
-    return resolve_config_path(path) + sep + arg
 
 
 def packaged_experiments() -> list[str]:

@@ -313,13 +313,3 @@ def _main():
     print(epath.Path(paths["markdown"]).read_text())
     if any(r["status"] != "finished" for r in records):
         sys.exit(1)
-
-
-def run():
-    """Console-script entry point (`spt-compare`): `sptlib.compare.run`."""
-    from sptlib import compare  # pylint: disable=import-outside-toplevel
-    compare.run()
-
-
-if __name__ == "__main__":
-    run()

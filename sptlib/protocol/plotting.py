@@ -46,7 +46,7 @@ def chance_accuracy(records) -> float | None:
         path = os.path.join(r["workdir"], stages[-1], "config.json")
         try:
             import ml_collections
-            from sptlib.data import defaults
+            from sptlib.data import defaults  # deferred: only plots with a chance line need it
             with open(path) as f:
                 data = ml_collections.ConfigDict(json.load(f)["data"])
             classes = int(defaults.task_info(data)["num_classes"])

@@ -320,13 +320,3 @@ def _write_json(records):
 def _config_name():
     """`lra.py:pathx,transformer,spt-masked` from the --config flag (path shortened)."""
     return os.path.basename(config_flags.get_config_filename(flags.FLAGS["config"]))
-
-
-def cli():
-    """Command-line entry point (`python -m sptlib.aot`): `sptlib.aot.cli`."""
-    from sptlib import aot as command  # pylint: disable=import-outside-toplevel
-    command.cli()
-
-
-if __name__ == "__main__":
-    cli()
