@@ -192,7 +192,7 @@ def parse_absl_flags(argv, prog: str, doc=None):
     except flags.Error as e:
         text = str(e)
         where = _config_file_frame(argv, text)
-        if "must have a value other than None" in text and _config_path(argv):
+        if "--config must have a value other than None" in text and _config_path(argv):
             text = (f"--config={_config_path(argv)}: get_config() returned None (a missing "
                     f"return statement?)")
         elif where and "Traceback (most recent call last)" in text:

@@ -364,7 +364,7 @@ def test_cli_rows_one_line_exit_2(lra, tmp_path):
     _one_line(p, "sptlib.main", "--config.stages.pretrain.num_stepz: no such config key")
     assert not wd.exists()
 
-    p = _cli(["sptlib.protocol.compare", "--config=experiments/quickstart.py",
+    p = _cli(["sptlib.compare", "--config=experiments/quickstart.py",
               f"--workdir={tmp_path / 'cmp'}", "--seeds=a", "--dry_run"])
     _one_line(p, "sptlib.protocol.compare", "--seeds=a: 'a' is not an integer")
 
