@@ -4,6 +4,8 @@ modules in every test (a missing root must not turn those tests into skips)."""
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -27,3 +29,13 @@ def pytest_sessionfinish(session):  # pylint: disable=unused-argument
         jax.clear_caches()
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="module")
+def lra(tmp_path_factory):
+    """A tiny generated ListOps release (64 / 16 / 16 examples of 10-64 tokens), per module."""
+    from sptlib.data import listops  # deferred: conftest loads before every test module
+    out = tmp_path_factory.mktemp("data")
+    listops.generate_release(str(out), num_train=64, num_val=16, num_test=16, min_length=10,
+                             max_length=64)
+    return out

@@ -16,17 +16,9 @@ import time
 
 import pytest
 
-from sptlib.data import listops
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-
-@pytest.fixture(scope="module")
-def lra(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data")
-    listops.generate_release(str(out), num_train=64, num_val=16, num_test=16, min_length=10,
-                             max_length=64)
-    return out
 
 
 def _env():

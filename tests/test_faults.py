@@ -54,13 +54,6 @@ def expect_error(group, case, fn, kind, needle, code=2):
     return e.value
 
 
-@pytest.fixture(scope="module")
-def lra(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data")
-    listops.generate_release(str(out), num_train=64, num_val=16, num_test=16, min_length=10,
-                             max_length=64)
-    return out
-
 
 @pytest.fixture(scope="module")
 def finished(lra, tmp_path_factory):

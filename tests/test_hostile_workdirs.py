@@ -28,14 +28,6 @@ sys.path[:0] = [str(ROOT / "tests")]
 from test_bad_inputs import _config  # noqa: E402
 from test_faults import _cli_env, _smoke_cmd, _wait_for, expect_error, record  # noqa: E402
 
-@pytest.fixture(scope="module")
-def lra(tmp_path_factory):
-    from sptlib.data import listops
-    out = tmp_path_factory.mktemp("data")
-    listops.generate_release(str(out), num_train=64, num_val=16, num_test=16, min_length=10,
-                             max_length=64)
-    return out
-
 
 OTHER_UID = 4242  # a uid that is not ours (the tests may run as root: chown works)
 
