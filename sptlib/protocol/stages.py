@@ -82,6 +82,16 @@ def run(config, workdir) -> dict:
             lock.release()
 
 
+def _honour_pending_stop():
+    """Raises the PreemptedError of a SIGTERM whose exception was swallowed where Python ran
+    the handler (a garbage-collection callback): the request still stops the run."""
+    signum = lock_lib.pending_stop()
+    if signum is not None:
+        raise PreemptedError("stopped on request (SIGTERM) before a checkpoint of the current "
+                             "stage could be saved; its last checkpoint is kept. Run the same "
+                             "command to resume.", signum=signum)
+
+
 def _run(config, workdir) -> dict:
     data_info = preflight.check(config, workdir)  # data, metrics, batches: before any step
     if not is_main_process():
@@ -95,6 +105,7 @@ def _run(config, workdir) -> dict:
     summary = {}
     try:
         for name in config.stage_order:
+            _honour_pending_stop()
             kind = config.stages[name].objective.kind
             logging.info("=== stage %s (%s) -> %s", name, kind, workdir / name)
             all_results[name] = loop.train_stage(config, name, workdir)
@@ -106,6 +117,7 @@ def _run(config, workdir) -> dict:
             logging.warning("Could not write %s (%s).", workdir / results_lib.RESULTS_FILE,
                             errors.one_line(errors.find_write_error(e) or e))
         raise
+    _honour_pending_stop()
     try:
         out = _write_summary(workdir, config, summary, time.time() - t0, data_info)
     except OSError as e:

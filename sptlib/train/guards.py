@@ -30,6 +30,7 @@ import numpy as np
 
 from sptlib.errors import PreemptedError, ResultsError, WriteError
 from sptlib.train import digest as digest_lib
+from sptlib.train import lock as lock_lib
 from sptlib.train.checkpoint import score_of
 from sptlib.train import results as results_lib
 
@@ -56,6 +57,9 @@ class StopFlag:
             return self
         for s in self.SIGNALS:
             self._previous[s] = signal.signal(s, self._handle)
+        pending = lock_lib.pending_stop()  # a SIGTERM whose exception was swallowed before
+        if pending is not None:
+            self.requested, self.signum = True, pending
         return self
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument

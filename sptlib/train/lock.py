@@ -30,6 +30,18 @@ from sptlib.errors import PreemptedError, WorkdirBusyError, WorkdirOwnerError, f
 
 LOCK_FILE = ".sptlib.lock"
 
+# The SIGTERM received while a lock was held, until the lock is released. The handler raises a
+# PreemptedError, but Python runs signal handlers between any two bytecodes, also inside a
+# garbage-collection or weakref callback whose exceptions are printed and dropped ("Exception
+# ignored in ..."); the run then goes on. So the request is also recorded here, and the stage
+# runner and the training loop's own handler (`guards.StopFlag`) honour it.
+_pending_signum = None
+
+
+def pending_stop():
+    """The signal number of a SIGTERM received under the lock and not yet acted on, or None."""
+    return _pending_signum
+
 
 def _owner_text(info: dict) -> str:
     if not info:
@@ -146,6 +158,8 @@ class WorkdirLock:
             return
 
         def stop(signum, frame):  # pylint: disable=unused-argument
+            global _pending_signum
+            _pending_signum = signum
             raise PreemptedError("stopped on request (SIGTERM) before a checkpoint of the "
                                  "current stage could be saved; its last checkpoint is kept. "
                                  "Run the same command to resume.", signum=signum)
@@ -155,6 +169,8 @@ class WorkdirLock:
             self._previous = None
 
     def release(self):
+        global _pending_signum
+        _pending_signum = None
         if getattr(self, "_previous", None) is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
