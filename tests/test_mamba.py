@@ -225,3 +225,33 @@ def test_registered_and_trainable_in_a_model(name):
     loss = lambda p: jnp.sum(model.apply(p, ids) ** 2)
     g = jax.jit(jax.grad(loss))(v)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(g))
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "s4d"])
+def test_dense_projections_follow_init_scheme(name):
+    """`config.model.init_scheme` reaches the mixers' dense projections: under "torch" the
+    kernels are PyTorch's nn.Linear default, uniform in +-1/sqrt(fan_in) (the reference code's);
+    under "linen" a truncated normal of std 1/sqrt(fan_in), which exceeds that bound."""
+    from sptlib.models import build_model
+    from sptlib.models.config import model_config
+    spread = {}
+    for scheme in ("linen", "torch"):
+        m = model_config()
+        m.mixer, m.d_model, m.n_layers, m.vocab_size, m.max_length = name, 64, 1, 10, 8
+        m.ffn_mult, m.init_scheme = 0, scheme
+        model = build_model(m, {"kind": "classify", "num_classes": 3})
+        ids = jnp.asarray(RNG.integers(2, 10, (2, 8)), jnp.int32)
+        p = jax.jit(model.init)(jax.random.PRNGKey(0), ids)["params"]
+        for path, leaf in jax.tree_util.tree_flatten_with_path(p)[0]:
+            keys = [getattr(k, "key", None) for k in path]
+            proj = next((k for k in keys if k in ("in_proj", "out_proj")), None)
+            if proj and "mixer" in keys and "kernel" in keys:
+                k = np.asarray(getattr(leaf, "value", leaf))
+                bound = 1 / np.sqrt(k.shape[0])
+                spread[scheme, proj] = (float(np.abs(k).max()) / bound, float(k.std()) / bound)
+    assert {p for _, p in spread} == ({"out_proj"} if name == "s4d" else
+                                      {"in_proj", "out_proj"}), spread
+    for proj in {p for _, p in spread}:
+        assert spread["torch", proj][0] <= 1.0 + 1e-6, spread  # inside U(+-bound)
+        np.testing.assert_allclose(spread["torch", proj][1], 1 / np.sqrt(3), rtol=0.1)
+        np.testing.assert_allclose(spread["linen", proj][1], 1.0, rtol=0.1)  # std 1/sqrt(fan_in)

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from sptlib.kernels import selective as sel
+from sptlib.layers import initializers
 from sptlib.layers.initializers import boxed, symmetric_uniform
 from sptlib.layers.param_groups import ssm_group
 
@@ -84,6 +85,7 @@ class _Selective(nn.Module):
     dt_init_floor: float = 1e-4
     chunk_size: int = 64
     dtype: Any = jnp.float32
+    init_scheme: str = "linen"  # of in_proj / out_proj: linen | torch (sptlib.layers.initializers)
 
     @property
     def n_dir(self):
@@ -93,9 +95,13 @@ class _Selective(nn.Module):
     def d_inner(self):
         return self.expand * self.d_model
 
-    def _dense(self, features, name, axes):
+    def _dense(self, features, name, axes, fan_in):
+        # in_proj / out_proj follow `config.model.init_scheme` like every other block's dense
+        # projections: "torch" is the reference code's nn.Linear default (U(+-1/sqrt(fan_in)),
+        # 1/sqrt(3) of linen's spread); no bias in either, as in the reference.
+        kernel, _ = initializers.dense(self.init_scheme, fan_in)
         return nn.Dense(features, use_bias=False, dtype=self.dtype, name=name,
-                        kernel_init=boxed(nn.initializers.lecun_normal(), axes))
+                        kernel_init=boxed(kernel, axes))
 
     def _conv_params(self, channels):
         bound = 1.0 / math.sqrt(self.d_conv)  # PyTorch Conv1d default, fan_in = d_conv
@@ -149,7 +155,7 @@ class MambaMixer(_Selective):
 
     def setup(self):
         di, n, r, nd = self.d_inner, self.d_state, self.rank, self.n_dir
-        self.in_proj = self._dense(2 * di, "in_proj", ("embed", "mlp"))
+        self.in_proj = self._dense(2 * di, "in_proj", ("embed", "mlp"), self.d_model)
         self.conv_w, self.conv_b = self._conv_params(di)
         self.x_proj = self.param(
             "x_proj", boxed(symmetric_uniform(1.0 / math.sqrt(di)), (None, "ssm_channels", None)),
@@ -164,7 +170,7 @@ class MambaMixer(_Selective):
                                  (None, "ssm_channels", "ssm_state"))
         self.D = self._ssm_p("D", nn.initializers.ones, (nd, di), (None, "ssm_channels"))
         self.drop = nn.Dropout(self.dropout)
-        self.out_proj = self._dense(self.d_model, "out_proj", ("mlp", "embed"))
+        self.out_proj = self._dense(self.d_model, "out_proj", ("mlp", "embed"), di)
 
     def _params(self):
         return dict(conv_w=self.conv_w, conv_b=self.conv_b, x_proj=self.x_proj,
@@ -243,7 +249,8 @@ class Mamba2Mixer(_Selective):
         di, h, nd = self.d_inner, self.n_heads, self.n_dir
         if h % self.n_groups:
             raise ValueError(f"mamba2: {h} heads do not split into {self.n_groups} groups")
-        self.in_proj = self._dense(di + self.conv_dim + h, "in_proj", ("embed", "mlp"))
+        self.in_proj = self._dense(di + self.conv_dim + h, "in_proj", ("embed", "mlp"),
+                                   self.d_model)
         self.conv_w, self.conv_b = self._conv_params(self.conv_dim)
         self.dt_bias = self._ssm_p("dt_bias", dt_bias_init(self.dt_min, self.dt_max,
                                                            self.dt_init_floor),
@@ -254,7 +261,7 @@ class Mamba2Mixer(_Selective):
         self.norm_scale = self.param("norm_scale", boxed(nn.initializers.ones, ("norm",)),
                                      (di,), jnp.float32)
         self.drop = nn.Dropout(self.dropout)
-        self.out_proj = self._dense(self.d_model, "out_proj", ("mlp", "embed"))
+        self.out_proj = self._dense(self.d_model, "out_proj", ("mlp", "embed"), di)
 
     def _params(self):
         return dict(conv_w=self.conv_w, conv_b=self.conv_b, dt_bias=self.dt_bias,

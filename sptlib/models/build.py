@@ -38,11 +38,13 @@ def _as_dict(cfg):
     return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
 
 
-def _with_dtype(mixer, options, dtype):
-    """`options` plus the compute dtype where the mixer takes one (its projections)."""
+def _with_dtype(mixer, options, dtype, scheme):
+    """`options` plus the compute dtype and the dense projections' `init_scheme` where the
+    mixer takes them (and its own options do not set them)."""
     fields = getattr(get_mixer(mixer), "__dataclass_fields__", {})
-    return dict(options, dtype=dtype) if "dtype" in fields and "dtype" not in options \
-        else options
+    extra = {k: v for k, v in (("dtype", dtype), ("init_scheme", scheme))
+             if k in fields and k not in options}
+    return dict(options, **extra)
 
 
 def _freeze(options):
@@ -74,7 +76,7 @@ def layer_specs(model_cfg):
     attention = dict(_as_dict(c.attention), dtype=dtype,
                      init_scheme=c.get("init_scheme", "linen"))
     options = lambda name: attention if name == "attention" else _with_dtype(
-        name, _as_dict(c.get(name)), dtype)
+        name, _as_dict(c.get(name)), dtype, c.get("init_scheme", "linen"))
     if c.pattern == "uniform":
         return ((c.mixer, _freeze(options(c.mixer))),) * c.n_layers
     if c.pattern == "gss_hybrid":
