@@ -47,6 +47,8 @@ TASKS = {"associative_recall": dict(num_pairs=16, length=128, key_vocab=16, valu
          "selective_copying": dict(length=256, num_tokens=16, data_vocab=16)}
 SEEDS = (0, 1, 2)
 D_MODEL, N_LAYERS, BATCH, WD = 64, 2, 16, 0.1
+INIT = "linen"  # dense projections (config.model.init_scheme); --init=torch: the reference code's
+EVAL_EVERY = 0  # --eval-every: validation accuracy every that many steps (0: at the end only)
 LRS = (1e-3, 3e-3, 1e-2)  # the lr axis: seed 0 runs each, validation picks one per (model, task)
 LR_SEEDS = (0,)     # seeds that sweep LRS; the other seeds run at the lr they chose
 NUM_VAL, NUM_TEST = 500, 1000
@@ -66,6 +68,7 @@ def model_cfg(model, info):
     from sptlib.models.config import model_config  # heavy (JAX): only in the run process
     m = model_config()
     m.d_model, m.n_layers, m.causal = D_MODEL, N_LAYERS, True
+    m.init_scheme = INIT
     m.vocab_size, m.max_length = info["vocab_size"], info["max_length"]
     m.scan_layers = False
     if model == "transformer":
@@ -150,7 +153,7 @@ def run_one(model, task, seed, lr, steps, out):
             exact += int((ok.sum(1) == w.sum(1)).sum())
         return right / scored, exact / num
 
-    curve, losses = [], []
+    curve, losses, val_curve = [], [], []
     t_train = time.time()
     for step in range(steps):
         # Fresh sequences every step: stream ids step * BATCH + j of the seed's training stream.
@@ -160,12 +163,16 @@ def run_one(model, task, seed, lr, steps, out):
         losses.append(float(loss)) if (step + 1) % 50 == 0 else None
         if step + 1 == steps // 2:
             curve.append((step + 1, evaluate(params)[0]))
+        if EVAL_EVERY and (step + 1) % EVAL_EVERY == 0 and step + 1 < steps:
+            val_curve.append((step + 1, evaluate(params, val)[0]))
     train_s = time.time() - t_train
     acc, exact = evaluate(params)
     val_acc, val_exact = evaluate(params, val)
     curve.append((steps, acc))
+    val_curve.append((steps, val_acc))
     rec = {"model": model, "task": task, "seed": seed, "steps": steps, "batch": BATCH,
-           "lr": lr, "d_model": D_MODEL, "validation_accuracy": val_acc,
+           "lr": lr, "d_model": D_MODEL, "init_scheme": INIT, "validation_accuracy": val_acc,
+           "validation_curve": val_curve if EVAL_EVERY else [],
            "validation_exact": val_exact,
            "options": opts, "params": n_params, "test_accuracy": acc, "test_exact": exact,
            "curve": curve, "train_loss_every_50": losses, "train_seconds": train_s,
@@ -183,6 +190,17 @@ def _load(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def steps_to_learn(rec, chance_classes=16):
+    """The first logged step (every 50) whose training loss at the answer positions is below
+    half the chance loss ln(chance_classes): where a run leaves the plateau at chance (Mamba-1
+    sits at ln 16 for ~1,450 steps on an easy recall probe before it learns). None: never."""
+    threshold = 0.5 * math.log(chance_classes)
+    for i, loss in enumerate(rec.get("train_loss_every_50", [])):
+        if loss < threshold:
+            return 50 * (i + 1)
+    return None
 
 
 def chosen_lr(out, model, task, lrs, lr_seeds):
@@ -205,8 +223,8 @@ def table(out, models, tasks, seeds, lrs, lr_seeds):
     accuracy (mean over the sweep seeds)."""
     from sptlib.protocol import stats  # deferred: only the parent process writes the table
     lines = ["| model | task | test accuracy at answer positions (%) | all answers right (%) | "
-             "lr chosen | validation accuracy per lr (%) | params | s/run |",
-             "|---|---|---|---|---|---|---|---|"]
+             "lr chosen | validation accuracy per lr (%) | steps to learn | params | s/run |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m in models:
         for t in tasks:
             lr = chosen_lr(out, m, t, lrs, lr_seeds)
@@ -224,14 +242,15 @@ def table(out, models, tasks, seeds, lrs, lr_seeds):
             secs = [r["seconds"] for r in recs]
             params = recs[0]["params"] if recs else "–"
             mean_s = f"{sum(secs) / len(secs):.0f}" if secs else "–"
+            learn = ", ".join(str(steps_to_learn(r) or f">{r['steps']}") for r in recs) or "–"
             lines.append(f"| {m} | {t} | {acc} (n={len(recs)}) | {exact} | "
                          f"{'–' if lr is None else f'{lr:g}'} | {', '.join(per_lr)} | "
-                         f"{params} | {mean_s} |")
+                         f"{learn} | {params} | {mean_s} |")
     return "\n".join(lines)
 
 
 def main():
-    global BATCH, D_MODEL  # --batch / --d-model reach run_one and model_cfg
+    global BATCH, D_MODEL, INIT, EVAL_EVERY  # the flags reach run_one and model_cfg
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=1000)
@@ -245,9 +264,13 @@ def main():
                     help="seeds that sweep --lrs (the others run at the lr validation chose)")
     ap.add_argument("--batch", type=int, default=BATCH, help="sequences per step (pilots)")
     ap.add_argument("--d-model", type=int, default=D_MODEL, help="width (pilots)")
+    ap.add_argument("--init", default=INIT, choices=("linen", "torch"),
+                    help="dense projections' initialisation (config.model.init_scheme)")
+    ap.add_argument("--eval-every", type=int, default=EVAL_EVERY,
+                    help="validation accuracy every N steps into the record (0: end only)")
     ap.add_argument("--run", default="", help=argparse.SUPPRESS)  # model,task,seed,lr (worker)
     a = ap.parse_args()
-    BATCH, D_MODEL = a.batch, a.d_model
+    BATCH, D_MODEL, INIT, EVAL_EVERY = a.batch, a.d_model, a.init, a.eval_every
     os.makedirs(a.out, exist_ok=True)
     if a.run:
         m, t, s, lr = a.run.split(",")
@@ -279,7 +302,7 @@ def main():
                 continue  # finished earlier: resumable
             cmd = [sys.executable, "-m", "sptlib.experiments.selective", f"--out={a.out}",
                    f"--steps={a.steps}", f"--run={m},{t},{s},{lr:g}", f"--batch={BATCH}",
-                   f"--d-model={D_MODEL}"]
+                   f"--d-model={D_MODEL}", f"--init={INIT}", f"--eval-every={EVAL_EVERY}"]
             log = open(record_path(a.out, m, t, s, lr)[:-len(".json")] + ".log", "w")
             running.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log,
                             (m, t, s, lr)))
