@@ -69,7 +69,12 @@ best checkpoint and, as the mean over the sweep seeds, the lr; the test accuracy
 best checkpoint's. Sizes were cut to what a 2-core machine shared with five other engineers'
 jobs allowed (measured below and in docs/reproducing.md).
 
-    get_config("[grid][,model,regime][,steps=..][,pretrain_steps=..][,lrs=a/b/c][,length=..]")
+    get_config("[grid][,model,regime][,steps=..][,pretrain_steps=..][,lrs=a/b/c][,length=..]"
+               "[,eval_every=..][,patience=..]")
+
+`steps` / `pretrain_steps` set the classification and denoising budgets (the caps of
+`fmnist784_conv`), `eval_every` the validation interval and `patience` the evaluations without
+improvement that stop a stage (`fmnist784_conv`; 0 = never).
 """
 
 from sptlib.configs import common, cpu_sized
@@ -99,8 +104,8 @@ CODE_TF_LENGTH = 2048  # the whole window (40 min on 2 idle cores); length=512 i
 # CONV_PATIENCE evaluations (every CONV_EVAL_EVERY steps, on CONV_EVAL_STEPS x 256 validation
 # images) without a better validation accuracy (denoising: loss), at the latest at its cap.
 CONV_FRACTIONS = (1000 / 54000, 10000 / 54000)
-CONV_STEPS, CONV_PRETRAIN = 200, 200  # caps (batch 32), sized by the pilot in the docstring
-CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 20, 1, 3
+CONV_STEPS, CONV_PRETRAIN = 40, 40  # caps (batch 32), sized by the pilot in the docstring
+CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 10, 1, 2
 CONV_TEST_EXAMPLES = 500
 
 
@@ -148,6 +153,7 @@ def get_config(arg=""):
     steps = int(a.get("steps", g["steps"]))
     pretrain = int(a.get("pretrain_steps", g["pretrain"]))
     lrs = tuple(float(x) for x in a["lrs"].split("/")) if "lrs" in a else g.get("lrs", LRS)
+    g.update({k: int(a[k]) for k in ("eval_every", "patience") if k in a})
     compare = dict(models=g["models"], regimes=REGIMES, seeds=SEEDS, title=g["title"],
                    data_fractions=g.get("fractions", (1.0,)))
     common_kw = dict(n_layers=2, d_model=64, steps=steps, pretrain_steps=pretrain,
