@@ -268,10 +268,15 @@ def main():
                     help="dense projections' initialisation (config.model.init_scheme)")
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY,
                     help="validation accuracy every N steps into the record (0: end only)")
+    ap.add_argument("--task-options", default="",
+                    help='JSON overriding a task\'s options, e.g. \'{"num_pairs": 4, "length": 64}\' '
+                         "(pilots; use another --out)")
     ap.add_argument("--run", default="", help=argparse.SUPPRESS)  # model,task,seed,lr (worker)
     a = ap.parse_args()
     BATCH, D_MODEL, INIT, EVAL_EVERY = a.batch, a.d_model, a.init, a.eval_every
     os.makedirs(a.out, exist_ok=True)
+    for t in TASKS:
+        TASKS[t] = dict(TASKS[t], **json.loads(a.task_options or "{}"))
     if a.run:
         m, t, s, lr = a.run.split(",")
         return run_one(m, t, int(s), float(lr), a.steps, a.out)
@@ -302,7 +307,8 @@ def main():
                 continue  # finished earlier: resumable
             cmd = [sys.executable, "-m", "sptlib.experiments.selective", f"--out={a.out}",
                    f"--steps={a.steps}", f"--run={m},{t},{s},{lr:g}", f"--batch={BATCH}",
-                   f"--d-model={D_MODEL}", f"--init={INIT}", f"--eval-every={EVAL_EVERY}"]
+                   f"--d-model={D_MODEL}", f"--init={INIT}", f"--eval-every={EVAL_EVERY}",
+                   f"--task-options={a.task_options}"]
             log = open(record_path(a.out, m, t, s, lr)[:-len(".json")] + ".log", "w")
             running.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log,
                             (m, t, s, lr)))
