@@ -20,11 +20,13 @@ from absl import logging
 from etils import epath
 
 from sptlib import errors
+from sptlib import write_errors
 from sptlib.errors import PreemptedError, ResultsError
 from sptlib.train import config as config_lib
 from sptlib.train import lock as lock_lib
 from sptlib.train import loop
 from sptlib.train import preflight
+from sptlib.train import workdir_checks
 from sptlib.train import results as results_lib
 from sptlib.train.sharding import is_main_process, maybe_initialize_distributed
 
@@ -67,7 +69,7 @@ def run(config, workdir) -> dict:
     """
     config_lib.validate(config)
     maybe_initialize_distributed(config)
-    preflight.check_workdir(workdir)
+    workdir_checks.check_workdir(workdir)
     lock = lock_lib.WorkdirLock(workdir) if is_main_process() else None
     if lock is not None:
         lock.acquire()  # before anything is written: a busy workdir is one line, nothing touched
@@ -115,12 +117,12 @@ def _run(config, workdir) -> dict:
             _write_summary(workdir, config, summary, time.time() - t0, data_info)
         except Exception as e:  # pylint: disable=broad-except  (e.g. the same full disk)
             logging.warning("Could not write %s (%s).", workdir / results_lib.RESULTS_FILE,
-                            errors.one_line(errors.find_write_error(e) or e))
+                            errors.one_line(write_errors.find_write_error(e) or e))
         raise
     _honour_pending_stop()
     try:
         out = _write_summary(workdir, config, summary, time.time() - t0, data_info)
     except OSError as e:
-        raise (errors.find_write_error(e) or e) from e
+        raise (write_errors.find_write_error(e) or e) from e
     logging.info("All stages done: %s", json.dumps(summary, default=str))
     return {"stages": all_results, "summary": out}

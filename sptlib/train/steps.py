@@ -14,6 +14,7 @@ import numpy as np
 from flax import linen as nn
 from jax.experimental import multihost_utils
 
+from sptlib.kernels import platform as platform_lib
 from sptlib.layers import param_groups
 from sptlib.train import sharding as sharding_lib
 from sptlib.train.state import TrainState
@@ -136,10 +137,7 @@ def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objectiv
     rules = sharding_lib.normalize_rules(rules)
     state_shardings, make_state = _state_shardings_and_init(model, optimizer, example_batch,
                                                             mesh, rules, objective)
-    # The init program runs once; on CPU, XLA's backend optimisations of its many RNG calls
-    # cost seconds (4.7 s -> 1.0 s for a 1-layer model), so skip them there.
-    options = ({"xla_backend_optimization_level": 0}
-               if mesh.devices.flat[0].platform == "cpu" else None)
+    options = platform_lib.init_compiler_options(mesh.devices.flat[0].platform)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state = jax.jit(make_state, out_shardings=state_shardings,
                         compiler_options=options)(rng)
