@@ -28,6 +28,7 @@ from sptlib import write_errors
 from sptlib.protocol import stages
 from sptlib.data import listops
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import checkpoint_io
 from sptlib.train import guards, lock as lock_lib, preflight, workdir_checks
 from sptlib.train import results as results_lib
 
@@ -159,7 +160,7 @@ def test_digest_catches_same_layout_other_values(tmp_path):
     shutil.rmtree(d / "20" / "state")
     shutil.copytree(d / "10" / "state", d / "20" / "state")
     ck = ckpt_lib.StageCheckpointer(d, keep=3)
-    state, it, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+    state, it, step = ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)))
     ck.close()
     assert step == 10 and it == {"i": 10} and _tree_equal(state, _toy_state(10))
     err = ck.quarantined[0]["error"]
@@ -177,7 +178,7 @@ def test_corrupt_metrics_file_of_a_toy_checkpoint_falls_back(tmp_path):
     ck.close()
     (d / "20" / "metrics" / "metrics").write_text('{"loss": 1.0, "sc')  # orbax: JSONDecodeError
     ck = ckpt_lib.StageCheckpointer(d, keep=3)
-    state, it, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+    state, it, step = ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)))
     ck.close()
     assert step == 10 and _tree_equal(state, _toy_state(10))
     assert ck.quarantined[0]["error"].startswith("JSONDecodeError")

@@ -8,6 +8,7 @@ from absl import logging
 import jax
 
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import checkpoint_io
 from sptlib.train import convergence
 from sptlib.train import metrics as metrics_lib
 from sptlib.train import sharding
@@ -73,7 +74,7 @@ def final_evaluation(run, state) -> StageResults:
         best_metrics = last_metrics
     else:
         best_state, _ = run.ckpt.restore(
-            best_step, ckpt_lib.abstract_like(state, run.built.state_shardings))
+            best_step, checkpoint_io.abstract_like(state, run.built.state_shardings))
         best_metrics = {"validation": evaluate(best_state, "validation", stage.eval_steps),
                         "test": evaluate(best_state, "test")}
         del best_state

@@ -14,7 +14,7 @@ from etils import epath
 import jax
 
 from sptlib.errors import ResultsError
-from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import checkpoint_io
 from sptlib.train import config_history
 from sptlib.train import digest as digest_lib
 from sptlib.train import results as results_lib
@@ -28,7 +28,7 @@ def restore(built, ckpt, train_iter, workdir):
     iterator included) > `init_from` (parameters only, `dont_load` patterns kept fresh) > the
     random init in `built.state`. Returns `(state, init_info)`."""
     name, stage, state = built.name, built.cfg, built.state
-    restored = ckpt.restore_latest(ckpt_lib.abstract_like(state, built.state_shardings),
+    restored = ckpt.restore_latest(checkpoint_io.abstract_like(state, built.state_shardings),
                                    stage=name,
                                    start_over=stage.get("start_over_if_unreadable", False))
     if restored is not None:
