@@ -21,6 +21,7 @@ from sptlib.models import config as model_config_lib
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import checkpoint_io
 from sptlib.train import config as config_lib
+from sptlib.train import convergence
 from sptlib.train import optim
 from sptlib.train import sharding
 from sptlib.train import steps
@@ -63,7 +64,7 @@ def test_retention_keeps_latest_k_and_best(tmp_path):
     plan = {1: 0.3, 2: 0.9, 3: 0.4, 4: None, 5: 0.5, 6: None}
     for step, acc in plan.items():
         metrics = None if acc is None else {"accuracy": acc,
-                                            "score": ckpt_lib.score_of({"accuracy": acc},
+                                            "score": convergence.score_of({"accuracy": acc},
                                                                        "accuracy", "max")}
         assert ck.save(step, _toy_state(step), {"next_index": step}, metrics=metrics)
     ck.wait_until_finished()
@@ -75,9 +76,9 @@ def test_retention_keeps_latest_k_and_best(tmp_path):
     assert not ck.save(6, _toy_state(6), None)
     ck.close()
     # best_mode=min: the score is the negated loss.
-    assert ckpt_lib.score_of({"loss": 2.0}, "loss", "min") > \
-        ckpt_lib.score_of({"loss": 3.0}, "loss", "min")
-    assert ckpt_lib.score_of({"loss": float("nan")}, "loss", "min") == -float("inf")
+    assert convergence.score_of({"loss": 2.0}, "loss", "min") > \
+        convergence.score_of({"loss": 3.0}, "loss", "min")
+    assert convergence.score_of({"loss": float("nan")}, "loss", "min") == -float("inf")
     # resolve_init_checkpoint reads the same scores from disk: best -> 2, latest -> 6.
     assert transfer.resolve_init_checkpoint(str(tmp_path / "ck"), None).name == "2"
     assert transfer.resolve_init_checkpoint(str(tmp_path / "ck"), None, "latest").name == "6"

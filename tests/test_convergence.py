@@ -67,7 +67,7 @@ def _forced_evaluator(monkeypatch, crash_at=None):
     test accuracy); with `crash_at`, the first validation at that step raises (a kill)."""
     crashed = []
 
-    def fake(task, built, local_eval_bs, sync):
+    def fake(task, built):
         def evaluate(state, split, max_batches=0):
             step = int(jax.device_get(state.step))
             if split == "validation" and step == crash_at and not crashed:

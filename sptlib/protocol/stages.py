@@ -26,6 +26,7 @@ from sptlib.train import config as config_lib
 from sptlib.train import lock as lock_lib
 from sptlib.train import loop
 from sptlib.train import preflight
+from sptlib.train import resolve
 from sptlib.train import workdir_checks
 from sptlib.train import results as results_lib
 from sptlib.train.sharding import is_main_process, maybe_initialize_distributed
@@ -79,6 +80,13 @@ def run(config, workdir) -> dict:
         raise PreemptedError("interrupted (SIGINT) before a checkpoint of the current stage "
                              "could be saved; its last checkpoint is kept. Run the same "
                              "command to resume.", signum=signal.SIGINT) from None
+    except errors.SptlibError:
+        raise
+    except Exception:
+        # A SIGTERM's PreemptedError raised inside library code that wraps it (an extension
+        # module's import reports "initialization failed"): the stop on request it was.
+        _honour_pending_stop()
+        raise
     finally:
         if lock is not None:
             lock.release()
@@ -95,7 +103,11 @@ def _honour_pending_stop():
 
 
 def _run(config, workdir) -> dict:
-    data_info = preflight.check(config, workdir)  # data, metrics, batches: before any step
+    # Every stage's folder is a folder where it exists (the lock's owner writes there); data,
+    # model, metrics checked before any step; the data read once, the run resolved once.
+    workdir_checks.check_stage_dirs(config, workdir)
+    data_info, task = preflight.check(config, workdir)
+    resolved = {r.name: r for r in resolve.resolve_run(config, info=task.info)}
     if not is_main_process():
         # Logs (like files) come from process 0; the others report warnings and errors only.
         logging.set_verbosity(logging.WARNING)
@@ -110,7 +122,8 @@ def _run(config, workdir) -> dict:
             _honour_pending_stop()
             kind = config.stages[name].objective.kind
             logging.info("=== stage %s (%s) -> %s", name, kind, workdir / name)
-            all_results[name] = loop.train_stage(config, name, workdir)
+            all_results[name] = loop.train_stage(config, name, workdir, task=task,
+                                                 resolved=resolved[name])
             summary[name] = all_results[name].summary(kind)
     except BaseException:
         try:  # the summary of the stages before; never masks the stage's own error

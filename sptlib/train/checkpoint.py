@@ -11,7 +11,8 @@ Layout of one stage's checkpoints (`workdir/<stage>/checkpoints/`):
     corrupt/<step>-*   checkpoints found unreadable or damaged, moved aside (never deleted)
     diverged/<step>-*  checkpoints of a diverged state (`sptlib.train.loop`), moved aside
 
-`score` is the stage's `best_metric` signed so that larger is better (`-loss` for best_mode=min):
+`score` is the stage's `best_metric` signed so that larger is better (`-loss` for best_mode=min;
+`sptlib.train.convergence.score_of`):
 any reader can pick the best checkpoint of a directory without knowing the stage's config.
 
 Retention: the latest `keep` checkpoints plus the best-scoring one (orbax
@@ -58,14 +59,6 @@ _ITERATOR_KEYS = ("process_count", "states")
 # ----------------------------------------------------------------------------------------------
 # Helpers.
 # ----------------------------------------------------------------------------------------------
-
-def score_of(metrics: dict, best_metric: str, best_mode: str) -> float:
-    """The checkpoint score (larger = better) of validation `metrics`; -inf if missing/non-finite."""
-    value = metrics.get(best_metric)
-    if value is None or not math.isfinite(float(value)):
-        return -math.inf
-    return float(value) if best_mode == "max" else -float(value)
-
 
 def is_step_dir(path: epath.Path) -> bool:
     """Whether `path` is one checkpoint step's folder (`<step>/state`)."""

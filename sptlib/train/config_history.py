@@ -3,7 +3,8 @@
 The stage's `config.json` is the record of what its checkpoints were first trained with, never
 overwritten; a resume with another config writes `config.step<N>.json` and warns naming the
 fields; a start from step 0 with another config sets the earlier records aside. A resume on
-another device count or mesh than `resolved.json` names is recorded in results.json's `init`.
+another device count or mesh than `resolved.json` names is recorded in results.json's `init`;
+`inputs.json` records what a stage started from (random init, or `init_from`'s fingerprint).
 """
 
 import json
@@ -17,6 +18,7 @@ from sptlib.errors import ResultsError
 from sptlib.train import results as results_lib
 
 CONFIG_FILE = "config.json"
+INPUTS_FILE = "inputs.json"  # what the stage started from (`record_start`)
 
 
 def config_changes(old: dict, new: dict, stage_name: str) -> list:
@@ -136,3 +138,17 @@ def note_layout(init_info, before, resolved, stage_name) -> None:
                     "recorded in results.json init.layout_changed; the run is no longer "
                     "bit-identical to an uninterrupted one.", stage_name, now["devices"],
                     now["mesh"], before.get("devices"), before.get("mesh"))
+
+
+def record_start(config, stage_name, stage_dir, init_info) -> None:
+    """`record_config`, and `inputs.json` when the stage starts from scratch or `init_from`
+    (a resume keeps the record of what its checkpoints grew from)."""
+    if init_info["kind"] == "resume":
+        record_config(config, stage_name, stage_dir, init_info.get("step"))
+        return
+    set_aside_old_configs(config, stage_name, stage_dir)
+    record_config(config, stage_name, stage_dir)
+    inputs = {"kind": init_info["kind"], "time": time.time()}
+    if init_info["kind"] == "init_from":
+        inputs["init_from"] = {k: init_info.get(k) for k in ("checkpoint", "fingerprint")}
+    results_lib.write_json(epath.Path(stage_dir) / INPUTS_FILE, inputs)

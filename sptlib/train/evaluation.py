@@ -7,7 +7,6 @@ import time
 from absl import logging
 import jax
 
-from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import checkpoint_io
 from sptlib.train import convergence
 from sptlib.train import metrics as metrics_lib
@@ -16,13 +15,14 @@ from sptlib.train import steps
 from sptlib.train.results import StageResults
 
 
-def evaluator(task, built, local_eval_bs: int, sync: bool):
+def evaluator(task, built):
     """`evaluate(state, split, max_batches=0) -> metrics` over one pass of `split` of `task`
-    with `built.eval_step`; `sync`: wait for each batch (`kernels.platform.sync_each_step`)."""
+    with `built.eval_step`, at `built.resolved`'s per-process eval batch size."""
+    resolved = built.resolved
 
     def evaluate(state, split, max_batches=0):
-        it = task.make_iterator(split, batch_size=local_eval_bs, seed=built.seed,
-                                shard_index=jax.process_index(),
+        it = task.make_iterator(split, batch_size=resolved.local_eval_batch_size,
+                                seed=resolved.seed, shard_index=jax.process_index(),
                                 shard_count=jax.process_count(), num_epochs=1,
                                 drop_remainder=False)
         acc = None
@@ -30,7 +30,7 @@ def evaluator(task, built, local_eval_bs: int, sync: bool):
             if max_batches and i >= max_batches:
                 break
             m = built.eval_step(state, sharding.shard_batch(batch, built.mesh, built.rules))
-            if sync:
+            if resolved.sync_each_step:
                 jax.block_until_ready(m)
             acc = metrics_lib.accumulate(acc, m)
         return metrics_lib.summarize(acc)
@@ -38,28 +38,12 @@ def evaluator(task, built, local_eval_bs: int, sync: bool):
     return evaluate
 
 
-def warn_missing_best(stage, name, history, ckpt, best_step) -> None:
-    """Warns when the history's best evaluation has no checkpoint any more (deleted or moved
-    aside): "best" is then the best of the checkpoints that exist (`best_step`); the history
-    keeps the truth."""
-    scored = [(ckpt_lib.score_of(h, stage.best_metric, stage.best_mode), -h["step"], h["step"])
-              for h in history if stage.best_metric in h]
-    if not scored:
-        return
-    score, _, truth = max(scored)
-    if truth == best_step or truth in ckpt.all_steps() or not math.isfinite(score):
-        return
-    value = next(h[stage.best_metric] for h in history if h["step"] == truth)
-    logging.warning("[%s] the best checkpoint, step %d (validation %s=%.4g in history.json), is "
-                    "gone from %s (deleted or moved aside): best_step is recomputed among the "
-                    "checkpoints that exist (step %s); history.json keeps step %d's metrics.",
-                    name, truth, stage.best_metric, value, ckpt.directory, best_step, truth)
-
-
 def final_evaluation(run, state) -> StageResults:
     """Validation and test metrics of the last and the best checkpoint of `run` (the loop's
-    `_Run`); the stage's results (without `init`, `num_params`, `flops_per_step`)."""
+    `_Run`); the stage's results (without `init`, `num_params`, `flops_per_step`,
+    `stop_reason`)."""
     stage, name, step, evaluate = run.stage, run.name, run.step, run.evaluate
+    rule = run.built.resolved  # the best-checkpoint rule
     train_rate = run.progress.rate()
     run.ckpt.wait_until_finished()
     last_val = run.last_val
@@ -68,7 +52,7 @@ def final_evaluation(run, state) -> StageResults:
     last_metrics = {"validation": last_val[1], "test": evaluate(state, "test")}
     fingerprint = steps.params_fingerprint(state.params)
     best_step = run.ckpt.best_step()
-    warn_missing_best(run.stage, run.name, run.history, run.ckpt, best_step)
+    convergence.warn_missing_best(rule, run.name, run.history, run.ckpt, best_step)
     if best_step is None or best_step == step:
         best_step = step
         best_metrics = last_metrics
@@ -85,14 +69,13 @@ def final_evaluation(run, state) -> StageResults:
     run.writer.flush()
     results = StageResults(
         stage=name, status="finished", final_step=step, best_step=int(best_step),
-        best_metric=stage.best_metric, best_mode=stage.best_mode,
+        best_metric=rule.best_metric, best_mode=rule.best_mode,
         validation={"best": best_metrics["validation"], "last": last_metrics["validation"]},
         test={"best": best_metrics["test"], "last": last_metrics["test"]},
         params_fingerprint=fingerprint, history=run.history, resumed_at_step=run.start_step,
-        stop_reason=convergence.stop_reason(run.history, stage, step),
         train_steps_per_s=train_rate if math.isfinite(train_rate) else None,
         wall_time_s=time.time() - run.t_start, wall_time_total_s=run.wall_total())
-    m = stage.best_metric
+    m = rule.best_metric
     logging.info("[%s] finished at step %d in %s: best step %d (validation %s=%.4g), test %s "
                  "best=%.4g last=%.4g.", name, step,
                  metrics_lib.format_duration(results.wall_time_s), best_step, m,

@@ -39,7 +39,6 @@ from sptlib import data as data_lib
 from sptlib import errors
 from sptlib import write_errors
 from sptlib.errors import NonFiniteLossError, ResultsError
-from sptlib.kernels import platform as platform_lib
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import config_history
 from sptlib.train import convergence
@@ -63,9 +62,11 @@ def _write_json(path: epath.Path, obj):
         results_lib.write_json(path, obj)
 
 
-def train_stage(config, stage_name: str, workdir) -> StageResults:
+def train_stage(config, stage_name: str, workdir, *, task=None, resolved=None) -> StageResults:
     """Runs one stage; returns its results (also written to `workdir/<stage>/results.json`;
-    the fields are `sptlib.train.results.StageResults`'s).
+    the fields are `sptlib.train.results.StageResults`'s). `task` (`sptlib.data.get_task`) and
+    `resolved` (`sptlib.train.resolve.resolve_stage` on this host's devices) are built here
+    when not given (the stage runner gives the run's).
 
     Raises:
       NonFiniteLossError: NaN/inf loss or parameters (only confirmed-finite checkpoints kept).
@@ -74,7 +75,7 @@ def train_stage(config, stage_name: str, workdir) -> StageResults:
       WriteError: disk full, file-size limit, unwritable path (one line naming the file).
     """
     try:
-        return _train_stage(config, stage_name, workdir)
+        return _train_stage(config, stage_name, workdir, task, resolved)
     except errors.SptlibError:
         raise
     except Exception as e:  # disk full / ulimit -f, however orbax or TensorFlow wrapped it
@@ -84,12 +85,13 @@ def train_stage(config, stage_name: str, workdir) -> StageResults:
         raise found from e
 
 
-def _train_stage(config, stage_name, workdir):
+def _train_stage(config, stage_name, workdir, task, resolved):
     t_start = time.time()
     stage = config.stages[stage_name]
     workdir = ckpt_lib.absolute(workdir)  # orbax needs absolute local paths
     stage_dir = workdir / stage_name
-    start.check_inputs(config, stage_name, workdir)  # upstream changed: start afresh
+    source = start.upstream(config, stage_name, workdir)  # the checkpoint init_from names now
+    start.check_inputs(config, stage_name, workdir, source)  # upstream changed: start afresh
     previous = results_lib.read_stage(stage_dir)
     if previous and previous.finished and (previous.final_step == int(stage.num_steps) or
                                            previous.stop_reason == convergence.PATIENCE):
@@ -99,19 +101,20 @@ def _train_stage(config, stage_name, workdir):
             config_history.warn_finished_changes(config, stage_name, stage_dir)
         return previous
 
-    task = data_lib.get_task(config.data)
-    local_bs, local_eval_bs = setup.local_batch_sizes(config, stage_name)
-    seed = setup.stage_seed(config, stage_name)
-    train_iter = task.make_iterator("train", batch_size=local_bs, seed=seed,
-                                    shard_index=jax.process_index(),
+    if task is None:
+        task = data_lib.get_task(config.data)
+    if resolved is None:
+        resolved = resolve.resolve_stage(config, stage_name, info=task.info)
+    train_iter = task.make_iterator("train", batch_size=resolved.local_batch_size,
+                                    seed=resolved.seed, shard_index=jax.process_index(),
                                     shard_count=jax.process_count())
     built = setup.build_stage(config, stage_name, example_batch=setup.peek(train_iter),
-                              info=task.info)
+                              resolved=resolved)
     layout_before = config_history.previous_layout(stage_dir)
     if is_main_process():
         guards.check_space(stage_dir, built.state)
         stage_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(stage_dir / resolve.RESOLVED_FILE, built.resolved.to_json())
+        _write_json(stage_dir / resolve.RESOLVED_FILE, resolved.to_json())
     ckpt = ckpt_lib.StageCheckpointer(stage_dir / ckpt_lib.CHECKPOINTS_DIR, keep=stage.keep,
                                       async_saves=stage.async_checkpoints)
     writer = metrics_lib.create_writer(stage_dir, is_main=is_main_process())
@@ -119,17 +122,17 @@ def _train_stage(config, stage_name, workdir):
     run = None
     failed = True
     try:
-        state, init_info = start.restore(built, ckpt, train_iter, workdir)
-        config_history.note_layout(init_info, layout_before, built.resolved, stage_name)
+        state, init_info = start.restore(built, ckpt, train_iter, workdir, source)
+        config_history.note_layout(init_info, layout_before, resolved, stage_name)
         if is_main_process():
-            start.record_start(config, stage_name, stage_dir, init_info)
-        sync = platform_lib.sync_each_step(built.resolved.platform, built.resolved.num_devices)
+            config_history.record_start(config, stage_name, stage_dir, init_info)
         run = _Run(built, stage_dir, ckpt, writer, train_iter,
-                   evaluation.evaluator(task, built, local_eval_bs, sync), t_start, sync)
+                   evaluation.evaluator(task, built), t_start)
         state = run.train(state, stop)
+        stop_reason = convergence.stop_reason(run.history, stage, run.step)
         results = dataclasses.replace(
-            evaluation.final_evaluation(run, state), init=init_info, num_params=built.num_params,
-            flops_per_step=setup.train_step_flops(built, strict=False))
+            evaluation.final_evaluation(run, state), stop_reason=stop_reason, init=init_info,
+            num_params=built.num_params, flops_per_step=setup.train_step_flops(built, strict=False))
         _write_json(stage_dir / RESULTS_FILE, results.to_json())
         failed = False
         if stop.requested:  # during the last step / final evaluation: finished, saved, stop
@@ -155,11 +158,11 @@ class _Run:
     """The training loop's bookkeeping: metrics windows, validation history, wall time,
     profiler window, checkpoints."""
 
-    def __init__(self, built, stage_dir, ckpt, writer, train_iter, evaluate, t_start, sync):
+    def __init__(self, built, stage_dir, ckpt, writer, train_iter, evaluate, t_start):
         self.built, self.stage, self.name = built, built.cfg, built.name
         self.stage_dir, self.ckpt, self.writer = stage_dir, ckpt, writer
         self.train_iter, self.evaluate, self.t_start = train_iter, evaluate, t_start
-        self.sync = sync  # wait for each step (kernels.platform.sync_each_step)
+        self.sync = built.resolved.sync_each_step
         self.is_main = is_main_process()
         self.profiling = False
         self.last_val = None
@@ -256,8 +259,8 @@ class _Run:
             if save_now:
                 ckpt_metrics = None
                 if val is not None:
-                    ckpt_metrics = dict(val, score=ckpt_lib.score_of(val, stage.best_metric,
-                                                                     stage.best_mode))
+                    ckpt_metrics = dict(val, score=convergence.score_of(
+                        val, built.resolved.best_metric, built.resolved.best_mode))
                 self.ckpt.save(step, state, self.train_iter.get_state(), metrics=ckpt_metrics,
                                extra={"history": self.history, "spent_s": self.wall_total()})
             if preempt and not final:

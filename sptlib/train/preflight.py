@@ -4,15 +4,14 @@
 before any stage runs. Each failure is a `sptlib.errors.SptlibError` naming the config key, file
 or flag and what to do:
 
-  - the workdir is a folder (or can be created) and is writable; every stage's folder (and its
-    `checkpoints/`) is a folder where it exists; a remote (`gs://`) workdir answers within
-    `workdir_checks.REMOTE_TIMEOUT_S`;
+  - the workdir is a folder (or can be created) and is writable; a remote (`gs://`) workdir
+    answers within `workdir_checks.REMOTE_TIMEOUT_S` (the stage runner checks the stages'
+    folders, `workdir_checks.check_stage_dirs`; `sptlib.train.resolve.resolve_run` that every
+    batch divides over its devices and processes);
   - the model's choices (mixer, pattern, positions, encoder, dtype) and sizes, every stage's
     optimizer numbers (non-negative) and schedule;
   - every stage: the objective's parameters (mask_rate in (0, 1), span_length >= 1), and
     `best_metric` is a metric the objective reports;
-  - every stage's `batch_size` and `eval_batch_size` divide over the devices that share the
-    batch axis (`logical_axis_rules['batch']` of `config.mesh`) and over the processes;
   - a stage folder that already holds checkpoints or results was run with the same model, data
     and objective (its saved `config.json`), so its checkpoints belong to this config;
   - `config.data.lra_dir` is not empty for the tasks that read it;
@@ -22,12 +21,10 @@ or flag and what to do:
 """
 
 import json
-import math
 import os
 
 from absl import logging
 from etils import epath
-import jax
 
 from sptlib import data as data_lib
 from sptlib import write_errors
@@ -47,25 +44,24 @@ LRA_TASKS = ("listops", "retrieval", "pathfinder", "pathx", "pathx256")
 
 
 
-def check(config, workdir) -> dict:
+def check(config, workdir) -> tuple:
     """Runs every check below; raises the first failure (a `SptlibError`).
 
-    Returns the data's counted skips for the run's summary: `{"examples": {split: n},
-    "truncated": {split: n}, "empty_images": n}`."""
+    Returns `(data_info, task)`: the data's counted skips for the run's summary,
+    `{"examples": {split: n}, "truncated": {split: n}, "empty_images": n}`, and the task
+    (`sptlib.data.get_task`) whose splits were read, for the stages to train on."""
     workdir_checks.check_workdir(workdir, config.stage_order)
-    workdir_checks.check_stage_dirs(config, workdir)
     check_model(config.model)
     for name in config.stage_order:
         check_objective(config, name)
         check_best_metric(config, name)
         check_optim(config, name)
-    check_batch_sizes(config)
     check_saved_configs(config, workdir)
-    info = check_data(config)
+    info, task = check_data(config)
     check_batch_vs_data(config, info["examples"].get("train", 0))
     # The user's files: their inferred spec is written once, and must match on resume.
     data_lib.record_spec(config.data, workdir, write=sharding.is_main_process())
-    return info
+    return info, task
 
 
 def check_batch_vs_data(config, num_train) -> None:
@@ -166,36 +162,6 @@ def check_best_metric(config, name) -> None:
                           f"{stage.objective.kind!r} objective reports {sorted(names)}")
 
 
-def batch_devices(config) -> tuple:
-    """(number of devices the batch axis is split over, their mesh axes)."""
-    try:
-        mesh = sharding.create_mesh(config.mesh)
-    except ValueError as e:
-        raise ConfigError(f"config.mesh: {e}") from None
-    rules = dict(sharding.normalize_rules(config.logical_axis_rules))
-    axes = rules.get("batch")
-    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
-    return math.prod(int(mesh.shape[a]) for a in axes), axes
-
-
-def check_batch_sizes(config) -> None:
-    n, axes = batch_devices(config)
-    pc = jax.process_count()
-    for name in config.stage_order:
-        stage = config.stages[name]
-        for field in ("batch_size", "eval_batch_size"):
-            value = int(stage[field] or (stage.batch_size if field == "eval_batch_size" else 0))
-            key = f"config.stages.{name}.{field}"
-            if value % pc:
-                raise ConfigError(f"{key}={value}: not divisible by the {pc} processes; use a "
-                                  f"multiple of {pc}")
-            if value % n:
-                raise ConfigError(
-                    f"{key}={value}: the batch is split over {n} devices (mesh axes "
-                    f"{', '.join(axes)} of config.mesh, {jax.device_count()} devices in all); use "
-                    f"a multiple of {n}{' (0 = batch_size)' if field == 'eval_batch_size' else ''}")
-
-
 def _get(tree, dotted):
     for part in dotted.split("."):
         if not isinstance(tree, dict) or part not in tree:
@@ -246,8 +212,9 @@ def _probe(task, split, where) -> int:
     return n
 
 
-def check_data(config) -> dict:
-    """Every split of `config.data` is readable and non-empty (see the module docstring)."""
+def check_data(config) -> tuple:
+    """Every split of `config.data` is readable and non-empty (see the module docstring);
+    returns `(counts, task)` (see `check`)."""
     _at_least("config.data.max_length", config.data.max_length, 0)
     if config.data.task in LRA_TASKS and not str(config.data.get("lra_dir") or "").strip():
         raise ConfigError(f"config.data.lra_dir={config.data.get('lra_dir')!r} is empty: task "
@@ -276,4 +243,5 @@ def check_data(config) -> dict:
     logging.info("preflight: %s splits %s read; truncated at max_length: %s%s.",
                  config.data.task, counts, task.num_truncated,
                  f"; {empty} empty images skipped" if empty else "")
-    return {"examples": counts, "truncated": dict(task.num_truncated), "empty_images": empty}
+    return ({"examples": counts, "truncated": dict(task.num_truncated), "empty_images": empty},
+            task)

@@ -2,9 +2,9 @@
 
 `restore` picks, by priority: the stage's own latest checkpoint (full resume, data iterator
 included) > `init_from` (parameters only, `dont_load` patterns kept fresh) > the random init.
-`inputs.json` records the fingerprint of the checkpoint `init_from` designated (`upstream`);
-`check_inputs` moves a stage's folder aside when its upstream stage has changed since, so the
-stage runs again from the new checkpoint.
+`inputs.json` (`config_history.record_start`) records the fingerprint of the checkpoint
+`init_from` designated (`upstream`); `check_inputs` moves a stage's folder aside when its
+upstream stage has changed since, so the stage runs again from the new checkpoint.
 """
 
 import time
@@ -20,17 +20,16 @@ from sptlib.train import digest as digest_lib
 from sptlib.train import results as results_lib
 from sptlib.train import transfer
 
-INPUTS_FILE = "inputs.json"
 
-
-def restore(built, ckpt, train_iter, workdir):
+def restore(built, ckpt, train_iter, workdir, source):
     """The stage's starting state, by priority: own latest checkpoint (full resume, data
     iterator included) > `init_from` (parameters only, `dont_load` patterns kept fresh) > the
-    random init in `built.state`. Returns `(state, init_info)`."""
+    random init in `built.state`. `source`: the `upstream` record of `init_from`. Returns
+    `(state, init_info)`."""
     name, stage, state = built.name, built.cfg, built.state
     restored = ckpt.restore_latest(checkpoint_io.abstract_like(state, built.state_shardings),
                                    stage=name,
-                                   start_over=stage.get("start_over_if_unreadable", False))
+                                   start_over=stage.start_over_if_unreadable)
     if restored is not None:
         state, iterator_state, restored_step = restored
         train_iter.set_state(iterator_state)
@@ -43,14 +42,14 @@ def restore(built, ckpt, train_iter, workdir):
         # Unreadable checkpoints moved aside, if any (a start over the user asked for).
         return state, {"kind": "random", "seed": built.seed, "quarantined": ckpt.quarantined}
     if stage.init_from in built.config.stages:
-        source = results_lib.read_stage(workdir / stage.init_from)
-        if not source or not source.finished:
+        before = results_lib.read_stage(workdir / stage.init_from)
+        if not before or not before.finished:
             logging.warning("[%s] init_from stage %r has not finished (%s); using its %s "
                             "checkpoint so far.", name, stage.init_from,
-                            source.status if source else "no results.json",
+                            before.status if before else "no results.json",
                             stage.init_checkpoint)
     step_dir = transfer.resolve_init_checkpoint(stage.init_from, workdir, stage.init_checkpoint)
-    source = upstream(built.config, name, workdir) or {}
+    source = source or {}
     params, model_state, report = transfer.load_pretrained(
         step_dir, state.params, state.model_state, dont_load=tuple(stage.dont_load))
     logging.info("[%s] initialised from %s (%d tensors loaded; fresh: %s; skipped: %s).",
@@ -85,29 +84,12 @@ def upstream(config, stage_name, workdir):
     return {"checkpoint": str(step_dir), "fingerprint": fingerprint}
 
 
-
-
-def record_start(config, stage_name, stage_dir, init_info) -> None:
-    """`record_config`, and `inputs.json` when the stage starts from scratch or `init_from`
-    (a resume keeps the record of what its checkpoints grew from)."""
-    if init_info["kind"] == "resume":
-        config_history.record_config(config, stage_name, stage_dir, init_info.get("step"))
-        return
-    config_history.set_aside_old_configs(config, stage_name, stage_dir)
-    config_history.record_config(config, stage_name, stage_dir)
-    inputs = {"kind": init_info["kind"], "time": time.time()}
-    if init_info["kind"] == "init_from":
-        inputs["init_from"] = {k: init_info.get(k) for k in ("checkpoint", "fingerprint")}
-    results_lib.write_json(epath.Path(stage_dir) / INPUTS_FILE, inputs)
-
-
-
-
-def check_inputs(config, stage_name, workdir) -> bool:
+def check_inputs(config, stage_name, workdir, now) -> bool:
     """Moves the stage's folder aside when the checkpoint it was initialised from has changed
-    since (the upstream stage ran on); returns True when it did (the stage starts afresh)."""
+    since (the upstream stage ran on): `now` is the `upstream` record of the checkpoint
+    `init_from` designates now. Returns True when it did (the stage starts afresh)."""
     stage_dir = epath.Path(workdir) / stage_name
-    path = stage_dir / INPUTS_FILE
+    path = stage_dir / config_history.INPUTS_FILE
     if not path.exists():
         return False
     try:
@@ -120,7 +102,6 @@ def check_inputs(config, stage_name, workdir) -> bool:
         return False
     if not recorded:
         return False
-    now = upstream(config, stage_name, workdir)
     if now is None or now["fingerprint"] == recorded.get("fingerprint"):
         return False
     aside = epath.Path(f"{stage_dir}.stale-{int(time.time())}")

@@ -14,7 +14,7 @@ platform, the fused kernels that compute the same functions faster:
 
 The platform is the one the step is traced for: the devices of the mesh in context
 (`jax.set_mesh`, as every sptlib step is traced), else JAX's default backend. So
-`sptlib.slices.aot` on a CPU host traces TPU kernels for a TPU slice, and nothing CPU-specific is
+`sptlib.protocol.aot` on a CPU host traces TPU kernels for a TPU slice, and nothing CPU-specific is
 probed on a TPU or GPU host. The chosen kernel is wrapped in `jax.lax.platform_dependent` with
 the jnp reference as the default branch, so a program lowered for another platform still gets
 the reference. `SPTLIB_NATIVE=0` turns the CPU kernels off (the reference then runs on CPU:
