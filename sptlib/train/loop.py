@@ -229,6 +229,7 @@ class _Run:
         while self.step < num_steps and not convergence.should_stop(self.history, stage):
             self._start_profile()
             batch = sharding.shard_batch(next(self.train_iter), built.mesh, built.rules)
+            # steps.make_train_step: objective.loss (objectives/), its gradient, the AdamW update.
             state, step_metrics = built.train_step(state, batch)
             if self.sync:
                 jax.block_until_ready((state, step_metrics))
