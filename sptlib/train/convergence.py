@@ -55,17 +55,17 @@ def evaluations_without_improvement(history: Sequence[dict], metric: str, mode: 
 def should_stop(history: Sequence[dict], stage) -> bool:
     """True when the stage (`patience`, `min_delta`, `best_metric`, `best_mode`) has converged
     by its validation `history`."""
-    patience = int(stage.get("patience", 0) or 0)
+    patience = int(stage.patience or 0)
     if patience <= 0 or not history:
         return False
     return evaluations_without_improvement(history, stage.best_metric, stage.best_mode,
-                                           float(stage.get("min_delta", 0.0) or 0.0)) >= patience
+                                           float(stage.min_delta or 0.0)) >= patience
 
 
 def stop_reason(history: Sequence[dict], stage, final_step: int) -> str | None:
     """Why a finished stage stopped: "patience" (converged before the cap), "cap" (a stage
     training to convergence reached `num_steps`), None (a fixed-budget stage)."""
-    if int(stage.get("patience", 0) or 0) <= 0:
+    if int(stage.patience or 0) <= 0:
         return None
     if final_step < int(stage.num_steps) and should_stop(history, stage):
         return PATIENCE
@@ -74,10 +74,10 @@ def stop_reason(history: Sequence[dict], stage, final_step: int) -> str | None:
 
 def validate(name: str, stage) -> str | None:
     """An error message for bad convergence fields of stage `name`, or None."""
-    if int(stage.get("patience", 0) or 0) < 0:
+    if int(stage.patience or 0) < 0:
         return f"config.stages.{name}.patience must be >= 0 (0 = a fixed budget), got " \
                f"{stage.patience}"
-    if float(stage.get("min_delta", 0.0) or 0.0) < 0:
+    if float(stage.min_delta or 0.0) < 0:
         return f"config.stages.{name}.min_delta must be >= 0, got {stage.min_delta}"
     return None
 

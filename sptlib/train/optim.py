@@ -65,7 +65,7 @@ def make_schedule(peak, cfg, total_steps):
     if cfg.schedule == "constant":
         after = optax.constant_schedule(peak)
     elif cfg.schedule == "cosine":
-        horizon = int(cfg.get("decay_steps", 0) or 0) or int(total_steps)
+        horizon = int(cfg.decay_steps or 0) or int(total_steps)
         decay_steps = max(horizon - warmup, 1)
         after = optax.cosine_decay_schedule(peak, decay_steps, alpha=float(cfg.min_lr_ratio))
     else:
