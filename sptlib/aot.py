@@ -4,7 +4,7 @@
     python -m sptlib.aot --all --markdown          # every paper config, each at its config's slice
 
 Reports memory per chip against the chip's HBM, FLOPs per step and chip-hours per stage
-(`sptlib.slices.aot`'s docstring says how). Exit status: 0 when every stage fits, 1 otherwise,
+(`sptlib.protocol.aot`'s docstring says how). Exit status: 0 when every stage fits, 1 otherwise,
 2 on bad input or without libtpu (sptlib's `tpu` extra). The flags parse first, so `--help` and
 a bad flag answer without importing JAX.
 """
@@ -14,11 +14,11 @@ import functools
 from absl import app
 
 from sptlib import errors
-from sptlib.slices import aot_flags
+from sptlib.protocol import aot_flags
 
 
 def _main(argv):
-    from sptlib.slices import aot  # pylint: disable=import-outside-toplevel
+    from sptlib.protocol import aot  # pylint: disable=import-outside-toplevel
     aot.main(argv)
 
 

@@ -62,7 +62,7 @@ def _other_jax_plugins() -> bool:
 
 def cpu_only_without_tpu() -> bool:
     """Keeps JAX on the CPU when libtpu is installed (the `[tpu]` and `[test]` extras, for
-    `sptlib.slices.aot`) but the machine has no TPU chip and no other accelerator plugin.
+    `sptlib.protocol.aot`) but the machine has no TPU chip and no other accelerator plugin.
 
     Otherwise JAX loads and starts libtpu on every run, and libtpu sometimes writes warnings
     about TPU VM metadata (accelerator type, worker hostnames) that a CPU machine cannot have.

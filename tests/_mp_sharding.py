@@ -16,7 +16,7 @@ import jax  # noqa: E402
 
 import _mp_common as common  # noqa: E402
 from sptlib import objectives  # noqa: E402
-from sptlib.train import optim, sharding, steps  # noqa: E402
+from sptlib.train import digest, optim, sharding, steps  # noqa: E402
 
 
 def spec_list(spec):
@@ -51,12 +51,12 @@ def run(mesh_axes, devices):
     ev = eval_step(state, gb)
     losses.append(float(ev["loss"][0] / ev["loss"][1]))
     params = {}
-    flat_logical = {"/".join(steps._path_names(p)): s for p, s in  # pylint: disable=protected-access
+    flat_logical = {digest.leaf_path(p): s for p, s in
                     jax.tree_util.tree_flatten_with_path(
                         logical["params"], is_leaf=lambda x: isinstance(
                             x, jax.sharding.PartitionSpec) or x is None)[0]}
     for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]:
-        name = "/".join(steps._path_names(path))  # pylint: disable=protected-access
+        name = digest.leaf_path(path)
         params[name] = {"logical": spec_list(flat_logical[name] or ()),
                         "spec": spec_list(x.sharding.spec), "shape": list(x.shape),
                         "shard": list(x.addressable_shards[0].data.shape)}

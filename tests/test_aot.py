@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation for TPU slices (sptlib.slices.aot) and the pieces it trusts.
+"""Ahead-of-time compilation for TPU slices (sptlib.protocol.aot) and the pieces it trusts.
 
 - The FLOP counter against XLA's own count of the same program unrolled, and hand counts.
 - `build_stage(abstract=True)` against a real initialisation (shapes, dtypes, shardings).
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib.slices import aot, meshes, topologies
+from sptlib.protocol import aot
+from sptlib.slices import meshes, topologies
 from sptlib.configs import presets, testing
 from sptlib import data as data_lib
 from sptlib.train import flops, setup
@@ -50,7 +51,7 @@ def _aot(*args, timeout=900):
 
 def _errors(stderr):
     """Our lines on stderr (libtpu and absl log their own start-up lines there too)."""
-    return [ln for ln in stderr.splitlines() if ln.startswith(("lra.py", "sptlib.slices.aot"))]
+    return [ln for ln in stderr.splitlines() if ln.startswith(("lra.py", "sptlib.aot"))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ def test_without_libtpu_it_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "libtpu" else real(name, *a))
     with pytest.raises(SystemExit) as e:
-        aot.main(["sptlib.slices.aot"])
+        aot.main(["sptlib.protocol.aot"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == aot.INSTALL_HINT
     assert "pip install -e '.[tpu]'" in aot.INSTALL_HINT

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sptlib.bench import common, markdown, mixers, train_step
+from sptlib.bench import baselines, common, markdown, mixers, train_step
 
 REQUIRED = ("name", "kind", "length", "tokens_per_s", "peak_bytes", "seconds")
 
@@ -54,7 +54,7 @@ def test_direct_causal_conv_equals_numpy_reference_and_fft_conv():
     u = rng.normal(size=(2, 37, 5)).astype(np.float32)
     k = rng.normal(size=(5, 37)).astype(np.float32)
     want = direct_conv(u, k)  # float64 NumPy loop
-    got = np.asarray(mixers.direct_causal_conv(jnp.asarray(u), jnp.asarray(k)))
+    got = np.asarray(baselines.direct_causal_conv(jnp.asarray(u), jnp.asarray(k)))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.asarray(fft_conv(jnp.asarray(u), jnp.asarray(k))), want,
                                rtol=1e-4, atol=1e-4)
@@ -298,7 +298,7 @@ def test_lm_synthetic_batch_and_pod_mesh_on_one_device():
 
 
 def test_accelerator_report_guards_rows_and_keeps_a_budget():
-    from sptlib.bench import accel
+    from sptlib.bench import accel, accel_tables
     got = []
     rep = accel.Report(budget_s=60.0, emit=lambda r: got.append(r) or r)
     rep.row("s4d", "sptlib", lambda: {"shape": "s", "dtype": "float32", "seconds": 0.5,
@@ -311,7 +311,7 @@ def test_accelerator_report_guards_rows_and_keeps_a_budget():
     rep.row("steps", "x", lambda: pytest.fail("must not run past the budget"))
     assert [r["kind"] for r in got] == ["accel", "error", "skipped"]
     assert "RESOURCE_EXHAUSTED" in got[1]["error"]
-    text = accel.render(got)
+    text = accel_tables.render(got)
     assert "| sptlib | s | float32 | 500 | 2 |" in text
     assert "error: MemoryError: RESOURCE_EXHAUSTED" in text and "time budget spent" in text
 
@@ -319,7 +319,7 @@ def test_accelerator_report_guards_rows_and_keeps_a_budget():
 def test_accelerator_report_tiny_on_cpu(monkeypatch):
     # The report's own code at toy sizes: an engine step through `sptlib_step`, the attention
     # kernels, S4D; PyTorch rows run where torch is installed and are error rows where not.
-    from sptlib.bench import accel
+    from sptlib.bench import accel, accel_tables
     tiny = dict(accel.TINY, text_batches=(2,), text_dtypes=("bfloat16",), s4d_lengths=(128,),
                 steps=(), attn_dtypes=("bfloat16",),
                 text_overrides=dict(accel.TINY["text_overrides"], **{
@@ -347,7 +347,7 @@ def test_accelerator_report_tiny_on_cpu(monkeypatch):
     kinds = {(r["section"], r["row"]): r["kind"] for r in got}
     assert kinds[("s4d", "sptlib")] == "accel"
     assert kinds[("text", "pytorch")] == want and kinds[("s4d", "pytorch")] == want
-    table = accel.render(got)
+    table = accel_tables.render(got)
     assert "#### Text Transformer pretraining step" in table and "| jax.nn xla |" in table
 
 

@@ -15,10 +15,13 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 
+from sptlib import errors
 from sptlib import models
 from sptlib.models import config as model_config_lib
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import checkpoint_io
 from sptlib.train import config as config_lib
+from sptlib.train import convergence
 from sptlib.train import optim
 from sptlib.train import sharding
 from sptlib.train import steps
@@ -61,7 +64,7 @@ def test_retention_keeps_latest_k_and_best(tmp_path):
     plan = {1: 0.3, 2: 0.9, 3: 0.4, 4: None, 5: 0.5, 6: None}
     for step, acc in plan.items():
         metrics = None if acc is None else {"accuracy": acc,
-                                            "score": ckpt_lib.score_of({"accuracy": acc},
+                                            "score": convergence.score_of({"accuracy": acc},
                                                                        "accuracy", "max")}
         assert ck.save(step, _toy_state(step), {"next_index": step}, metrics=metrics)
     ck.wait_until_finished()
@@ -73,13 +76,13 @@ def test_retention_keeps_latest_k_and_best(tmp_path):
     assert not ck.save(6, _toy_state(6), None)
     ck.close()
     # best_mode=min: the score is the negated loss.
-    assert ckpt_lib.score_of({"loss": 2.0}, "loss", "min") > \
-        ckpt_lib.score_of({"loss": 3.0}, "loss", "min")
-    assert ckpt_lib.score_of({"loss": float("nan")}, "loss", "min") == -float("inf")
+    assert convergence.score_of({"loss": 2.0}, "loss", "min") > \
+        convergence.score_of({"loss": 3.0}, "loss", "min")
+    assert convergence.score_of({"loss": float("nan")}, "loss", "min") == -float("inf")
     # resolve_init_checkpoint reads the same scores from disk: best -> 2, latest -> 6.
     assert transfer.resolve_init_checkpoint(str(tmp_path / "ck"), None).name == "2"
     assert transfer.resolve_init_checkpoint(str(tmp_path / "ck"), None, "latest").name == "6"
-    with pytest.raises(ckpt_lib.NoCheckpointError, match="no checkpoint"):
+    with pytest.raises(errors.NoCheckpointError, match="no checkpoint"):
         transfer.resolve_init_checkpoint("nosuchstage", tmp_path)
 
 
@@ -101,7 +104,7 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, damage):
         shutil.rmtree(state_dir)
     ck = ckpt_lib.StageCheckpointer(directory, keep=3)
     with caplog.at_level(logging.WARNING):
-        state, it_state, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+        state, it_state, step = ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)))
     assert step == 20
     assert it_state == {"next_index": 80}
     assert _tree_equal(state, _toy_state(20))
@@ -138,8 +141,8 @@ def test_checkpoint_of_another_config_stops_and_moves_nothing(tmp_path, change, 
     directory = tmp_path / "ck"
     before = _saved_three(directory)
     ck = ckpt_lib.StageCheckpointer(directory, keep=3)
-    with pytest.raises(ckpt_lib.CheckpointMismatchError) as e:
-        ck.restore_latest(ckpt_lib.abstract_like(_toy_changed(change)), stage="pretrain")
+    with pytest.raises(errors.CheckpointMismatchError) as e:
+        ck.restore_latest(checkpoint_io.abstract_like(_toy_changed(change)), stage="pretrain")
     ck.close()
     msg = str(e.value)
     assert "stage 'pretrain'" in msg and "'params/backbone/w'" in msg and needle in msg
@@ -155,10 +158,10 @@ def test_no_readable_checkpoint_left_stops_unless_told_to_start_over(tmp_path):
     for step in (10, 20):
         shutil.rmtree(directory / str(step) / "state")  # unreadable: the state is gone
     ck = ckpt_lib.StageCheckpointer(directory, keep=3)
-    with pytest.raises(ckpt_lib.NoReadableCheckpointError,
+    with pytest.raises(errors.NoReadableCheckpointError,
                        match=r"stage 'finetune': no readable checkpoint.*"
                              r"stages\.finetune\.start_over_if_unreadable=True"):
-        ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)), stage="finetune")
+        ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)), stage="finetune")
     # Both moved aside (never deleted) and reported.
     assert sorted(q["step"] for q in ck.quarantined) == [10, 20]
     moved = sorted(p.name.split("-")[0] for p in (directory / "corrupt").iterdir())
@@ -168,20 +171,20 @@ def test_no_readable_checkpoint_left_stops_unless_told_to_start_over(tmp_path):
     ck.close()
     # The next run finds no step at all, but still does not restart on its own.
     ck = ckpt_lib.StageCheckpointer(directory, keep=3)
-    with pytest.raises(ckpt_lib.NoReadableCheckpointError, match="corrupt/10-"):
-        ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)), stage="finetune")
+    with pytest.raises(errors.NoReadableCheckpointError, match="corrupt/10-"):
+        ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)), stage="finetune")
     ck.close()
     # Asked explicitly: a fresh start (None), nothing left to quarantine.
     ck = ckpt_lib.StageCheckpointer(directory, keep=3)
-    assert ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)), stage="finetune",
+    assert ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)), stage="finetune",
                              start_over=True) is None
     ck.close()
 
 
 def test_iterator_state_roundtrip():
     for s in ({"next_index": 3, "nested": [1, 2]}, b'{"a": 1}', None):
-        enc = ckpt_lib.encode_iterator_state(s)
-        assert ckpt_lib.decode_iterator_state(json.loads(json.dumps(enc))) == s
+        enc = checkpoint_io.encode_iterator_state(s)
+        assert checkpoint_io.decode_iterator_state(json.loads(json.dumps(enc))) == s
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,7 +270,7 @@ def test_init_from_incompatible_model_names_first_mismatch(pretrained, change):
     b = {"/".join(k): v.shape for k, v in flat(other_params).items()
          if k[0] != "head"}
     first = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))[0]
-    with pytest.raises(ckpt_lib.IncompatibleCheckpointError) as e:
+    with pytest.raises(errors.IncompatibleCheckpointError) as e:
         transfer.load_pretrained(pretrained, other_params, {}, dont_load=("^head/",))
     assert f"'{first}'" in str(e.value)
     assert "does not fit the model" in str(e.value)
@@ -340,6 +343,7 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import checkpoint_io
 from sptlib.train.state import TrainState
 assert jax.device_count() == 4, jax.devices()
 mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "tensor"))
@@ -350,7 +354,7 @@ shardings = TrainState(step=NamedSharding(mesh, P()),
                        params={"w": NamedSharding(mesh, P("data", "tensor"))}, opt_state=(),
                        model_state={}, rng=NamedSharding(mesh, P()))
 ck = ckpt_lib.StageCheckpointer(sys.argv[1], keep=1)
-state, it_state = ck.restore(7, ckpt_lib.abstract_like(target, shardings))
+state, it_state = ck.restore(7, checkpoint_io.abstract_like(target, shardings))
 assert state.params["w"].sharding == shardings.params["w"], state.params["w"].sharding
 assert len(state.params["w"].addressable_shards) == 4
 assert state.params["w"].addressable_shards[0].data.shape == (4, 2)
@@ -384,6 +388,7 @@ import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 import jax.numpy as jnp, numpy as np
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import checkpoint_io
 from sptlib.train.state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 pi = jax.process_index()
@@ -396,7 +401,7 @@ ck = ckpt_lib.StageCheckpointer(sys.argv[3], keep=1)
 # Each process reads its own shard, so each has its own iterator position.
 ck.save(3, state, {"next_index": 100 + pi, "shard": [pi, "x" * (5 * pi)]})
 ck.wait_until_finished()
-restored, it_state = ck.restore(3, ckpt_lib.abstract_like(state))
+restored, it_state = ck.restore(3, checkpoint_io.abstract_like(state))
 ck.close()
 assert it_state == {"next_index": 100 + pi, "shard": [pi, "x" * (5 * pi)]}, it_state
 assert np.asarray(restored.params["w"].addressable_data(0)).tolist() == [float(pi)]

@@ -14,6 +14,7 @@ from sptlib.errors import ConfigError
 from sptlib.protocol import stages
 from sptlib.train import config as config_lib
 from sptlib.train import convergence
+from sptlib.train import evaluation
 from sptlib.train import loop
 from sptlib.train import results as results_lib
 
@@ -66,7 +67,7 @@ def _forced_evaluator(monkeypatch, crash_at=None):
     test accuracy); with `crash_at`, the first validation at that step raises (a kill)."""
     crashed = []
 
-    def fake(task, built, local_eval_bs):
+    def fake(task, built):
         def evaluate(state, split, max_batches=0):
             step = int(jax.device_get(state.step))
             if split == "validation" and step == crash_at and not crashed:
@@ -75,7 +76,7 @@ def _forced_evaluator(monkeypatch, crash_at=None):
             return {"accuracy": FORCED.get(step, 0.0), "loss": 1.0 - FORCED.get(step, 0.0)}
         return evaluate
 
-    monkeypatch.setattr(loop, "_evaluator", fake)
+    monkeypatch.setattr(evaluation, "evaluator", fake)
     return crashed
 
 
@@ -130,7 +131,7 @@ def test_killed_after_the_stopping_checkpoint_trains_no_further(tmp_path, monkey
     """Killed after step 10's evaluation and checkpoint, before results.json: the rerun resumes
     from step 10 and, its history showing convergence, goes straight to the final evaluation."""
     _forced_evaluator(monkeypatch)
-    final = loop.final_evaluation
+    final = evaluation.final_evaluation
     calls = []
 
     def crash_once(run, state):
@@ -139,7 +140,7 @@ def test_killed_after_the_stopping_checkpoint_trains_no_further(tmp_path, monkey
             raise RuntimeError("killed")
         return final(run, state)
 
-    monkeypatch.setattr(loop, "final_evaluation", crash_once)
+    monkeypatch.setattr(evaluation, "final_evaluation", crash_once)
     with pytest.raises(Exception):
         stages.run(_scratch_config(tmp_path, patience=3), tmp_path / "wd")
     assert calls == [10]

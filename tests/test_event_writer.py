@@ -62,7 +62,7 @@ def test_training_imports_no_tensorflow():
     code = ("import sys\n"
             "from sptlib.train import loop, metrics\n"
             "from sptlib.protocol import compare, stages\n"
-            "from sptlib.slices import aot\n"
+            "from sptlib.protocol import aot\n"
             "from sptlib.bench import accel, mixers, peers, pipeline, train_step\n"
             "from sptlib.launch import slurm, tpu\n"
             "from sptlib import data\n"

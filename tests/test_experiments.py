@@ -200,7 +200,7 @@ def test_experiment_paths_resolve_to_the_package_from_any_folder(tmp_path, monke
 def test_bench_and_aot_find_the_packaged_configs_from_any_folder(tmp_path, monkeypatch):
     """`sptlib.bench`'s `lra.py:...` specs and `sptlib.aot --all` need no repository root."""
     from sptlib.bench import train_step
-    from sptlib.slices import aot
+    from sptlib.protocol import aot
     monkeypatch.chdir(tmp_path)
     cfg = train_step.load_config("lra.py:listops,s4d,spt-masked")
     assert cfg.data.task == "listops" and cfg.model.mixer == "s4d"

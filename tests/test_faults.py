@@ -23,11 +23,13 @@ import time
 import pytest
 
 from sptlib import errors
+from sptlib import write_errors
 
 from sptlib.protocol import stages
 from sptlib.data import listops
 from sptlib.train import checkpoint as ckpt_lib
-from sptlib.train import guards, lock as lock_lib, preflight
+from sptlib.train import checkpoint_io
+from sptlib.train import guards, lock as lock_lib, preflight, workdir_checks
 from sptlib.train import results as results_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -158,7 +160,7 @@ def test_digest_catches_same_layout_other_values(tmp_path):
     shutil.rmtree(d / "20" / "state")
     shutil.copytree(d / "10" / "state", d / "20" / "state")
     ck = ckpt_lib.StageCheckpointer(d, keep=3)
-    state, it, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+    state, it, step = ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)))
     ck.close()
     assert step == 10 and it == {"i": 10} and _tree_equal(state, _toy_state(10))
     err = ck.quarantined[0]["error"]
@@ -176,7 +178,7 @@ def test_corrupt_metrics_file_of_a_toy_checkpoint_falls_back(tmp_path):
     ck.close()
     (d / "20" / "metrics" / "metrics").write_text('{"loss": 1.0, "sc')  # orbax: JSONDecodeError
     ck = ckpt_lib.StageCheckpointer(d, keep=3)
-    state, it, step = ck.restore_latest(ckpt_lib.abstract_like(_toy_state(0)))
+    state, it, step = ck.restore_latest(checkpoint_io.abstract_like(_toy_state(0)))
     ck.close()
     assert step == 10 and _tree_equal(state, _toy_state(10))
     assert ck.quarantined[0]["error"].startswith("JSONDecodeError")
@@ -384,7 +386,7 @@ def test_stage_path_that_is_a_file(lra, tmp_path, sub):
 
 
 def test_unreachable_remote_workdir(monkeypatch):
-    monkeypatch.setattr(preflight, "REMOTE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(workdir_checks, "REMOTE_TIMEOUT_S", 0.2)
 
     class Hanging:
         def __init__(self, *_):
@@ -393,9 +395,9 @@ def test_unreachable_remote_workdir(monkeypatch):
         def exists(self):
             time.sleep(5)
 
-    monkeypatch.setattr(preflight.epath, "Path", Hanging)
+    monkeypatch.setattr(workdir_checks.epath, "Path", Hanging)
     expect_error("workdir", "gs:// workdir with no network (probe never answers)",
-                 lambda: preflight.check_workdir("gs://nosuchbucket/x"), errors.ConfigError,
+                 lambda: workdir_checks.check_workdir("gs://nosuchbucket/x"), errors.ConfigError,
                  "--workdir=gs://nosuchbucket/x: no answer within 0 s")
 
 
@@ -795,7 +797,7 @@ def test_disk_full_while_data_is_generated_names_the_folder(tmp_path):
         # ... and results written by write_json name their own file.
         with pytest.raises(OSError) as full:
             results_lib.write_json(mnt / "big.json", {"x": "y" * (1 << 20)})
-        found = errors.find_write_error(full.value)
+        found = write_errors.find_write_error(full.value)
         assert f"cannot write {mnt / 'big.json'}: No space left on device" in str(found)
         assert not [p for p in mnt.iterdir() if p.name.endswith(".tmp")]
     finally:
@@ -943,7 +945,7 @@ def test_sigterm_swallowed_where_python_ran_the_handler_still_stops(tmp_path):
     handler adopts it; releasing the lock forgets it."""
     from sptlib.errors import PreemptedError
     from sptlib.protocol import stages
-    from sptlib.train import guards
+    from sptlib.train import signals
 
     lock = lock_lib.WorkdirLock(tmp_path / "wd").acquire()
     try:
@@ -953,7 +955,7 @@ def test_sigterm_swallowed_where_python_ran_the_handler_still_stops(tmp_path):
         assert lock_lib.pending_stop() == signal.SIGTERM
         with pytest.raises(PreemptedError, match=r"\(SIGTERM\)"):
             stages._honour_pending_stop()
-        flag = guards.StopFlag().install()
+        flag = signals.StopFlag().install()
         try:
             assert flag.requested and flag.signum == signal.SIGTERM
         finally:

@@ -122,7 +122,7 @@ def test_module_fused_equals_plain_with_grads():
 
 @needs_kernel
 def test_other_platforms_lower_the_jnp_attention():
-    """The same function lowered for TPU holds no custom call (`sptlib.slices.aot` compiles it there)."""
+    """The same function lowered for TPU holds no custom call (`sptlib.aot` compiles it there)."""
     q, k, v, mask = _case(32, 2, 16)
     f = lambda q, k, v, m: fused_attention(q, k, v, m)
     cpu = jax.jit(f).trace(q, k, v, mask).lower(lowering_platforms=("cpu",)).as_text()

@@ -20,7 +20,7 @@ import pytest
 
 from sptlib import errors
 from sptlib.protocol import stages
-from sptlib.train import lock as lock_lib, preflight
+from sptlib.train import lock as lock_lib, workdir_checks
 from sptlib.train import results as results_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ def test_workdir_of_another_user_is_refused(lra, tmp_path, monkeypatch):
                  f"belongs to uid {OTHER_UID}, not to you")
     assert list(wd.iterdir()) == []
     monkeypatch.setenv(errors.FOREIGN_ENV, "1")
-    preflight.check_workdir(str(wd))  # asked for: accepted
+    workdir_checks.check_workdir(str(wd))  # asked for: accepted
 
 
 def test_lock_file_of_another_user_is_refused(tmp_path, monkeypatch):
@@ -200,7 +200,7 @@ def test_workdir_path_too_long_is_one_line_and_exits(lra, tmp_path):
 
 def test_a_name_too_long_is_one_line(tmp_path):
     with pytest.raises(errors.ConfigError, match="NAME_MAX"):
-        preflight.check_workdir(str(tmp_path / ("b" * 300)))
+        workdir_checks.check_workdir(str(tmp_path / ("b" * 300)))
 
 
 def test_write_failure_in_orbax_threads_exits(tmp_path):
@@ -209,7 +209,7 @@ def test_write_failure_in_orbax_threads_exits(tmp_path):
     threads do not hold it up)."""
     script = f"""
 import os, sys
-from sptlib import errors
+from sptlib import errors, write_errors
 from sptlib.train import checkpoint as ck
 import jax.numpy as jnp
 d = {str(_long_dir(tmp_path, 4090))!r}
@@ -218,7 +218,7 @@ try:
     c.save(1, {{"w": jnp.ones(3)}}, None)
     c.close()
 except Exception as e:
-    found = errors.find_write_error(e, d)
+    found = write_errors.find_write_error(e, d)
     raise SystemExit(errors.report(found or e, "prog"))
 """
     env = dict(_cli_env(), PYTHONPATH=str(ROOT))

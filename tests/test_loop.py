@@ -16,6 +16,7 @@ import pytest
 from etils import epath
 
 from sptlib import data as data_lib
+from sptlib import errors
 from sptlib import models
 from sptlib import objectives
 from sptlib.protocol import stages
@@ -143,7 +144,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 6, 100, 1, 100
     s.optim.lr = 1e30  # the first update blows the parameters up; the next loss is inf/NaN
     c.stage_order = ("pretrain",)
-    with pytest.raises(loop.NonFiniteLossError, match="diverged: non-finite") as e:
+    with pytest.raises(errors.NonFiniteLossError, match="diverged: non-finite") as e:
         stages.run(c, tmp_path / "wd")
     ck_dir = tmp_path / "wd" / "pretrain" / "checkpoints"
     kept = sorted(int(p.name) for p in ck_dir.iterdir() if p.name.isdigit())
@@ -188,7 +189,7 @@ def test_stop_request_after_the_last_step_still_stops_the_caller(tmp_path, monke
         return state
 
     monkeypatch.setattr(loop._Run, "train", train_then_signal)
-    with pytest.raises(loop.PreemptedError, match="finished, then stopped on request"):
+    with pytest.raises(errors.PreemptedError, match="finished, then stopped on request"):
         stages.run(c, tmp_path / "wd")
     assert results_lib.read_stage(tmp_path / "wd" / "pretrain").status == "finished"
     assert not (tmp_path / "wd" / "finetune").exists()  # the next stage did not start

@@ -6,7 +6,8 @@ import pytest
 
 from sptlib import data as data_lib
 from sptlib.configs import presets, testing
-from sptlib.slices import aot, topologies
+from sptlib.protocol import aot
+from sptlib.slices import topologies
 from sptlib.train import flops, setup
 
 

@@ -112,7 +112,7 @@ def test_splash_compiles_for_a_v4_chip_with_a_cost():
     with jax.set_mesh(mesh):
         lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape, m)
     assert "tpu_custom_call" in lowered.as_text()
-    # sptlib.slices.aot's effort: at 0 libtpu gives no time estimate.
+    # sptlib.protocol.aot's effort: at 0 libtpu gives no time estimate.
     cost = lowered.compile({"exec_time_optimization_effort": -1.0}).cost_analysis()
     attention_flops = (4 + 10) * 2 * 4 * 1024 * 1024 * 128  # forward + fused backward, dense
     assert cost["flops"] >= attention_flops

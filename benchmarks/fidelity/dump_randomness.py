@@ -21,7 +21,7 @@ import numpy as np
 
 from sptlib import data as data_lib
 from sptlib.objectives.spt import span_mask
-from sptlib.train import setup
+from sptlib.train import resolve, setup
 
 
 def load_config(arg, seed):
@@ -97,10 +97,9 @@ def main():
     task = data_lib.get_task(config.data)
     res = {}
     for name in ("pretrain", "finetune"):
-        stage = config.stages[name]
-        it = task.make_iterator("train", batch_size=int(stage.batch_size),
-                                seed=setup.stage_seed(config, name))
-        built = setup.build_stage(config, name, example_batch=setup.peek(it), info=task.info)
+        resolved = resolve.resolve_stage(config, name, info=task.info)
+        it = task.make_iterator("train", batch_size=resolved.batch_size, seed=resolved.seed)
+        built = setup.build_stage(config, name, example_batch=setup.peek(it), resolved=resolved)
         params = jax.tree.map(np.asarray, built.state.params)
         names = torch_names(params, int(model.n_layers), int(model.d_model))
         if name == "pretrain":
@@ -111,7 +110,7 @@ def main():
         else:
             res["fthead.weight"], res["fthead.bias"] = names["head.weight"], names["head.bias"]
         xs, raws, ys, masks = [], [], [], []
-        for t in range(int(stage.num_steps)):
+        for t in range(resolved.num_steps):
             b = next(it)
             if not (np.all(b["mask"]) and np.all(b.get("example_mask", True))):
                 raise SystemExit("padded batches are not supported (fixed-length tasks only)")

@@ -132,7 +132,7 @@ if __name__ == "__main__":
     from sptlib.kernels import platform
     platform.prepare_process()
 
-from sptlib.bench import accel, common, markdown, mixers, peers, pipeline, train_step  # noqa: E402
+from sptlib.bench import accel, accel_tables, baselines, common, markdown, mixers, peers, pipeline, train_step  # noqa: E402
 
 
 def main(argv=None):
@@ -185,9 +185,9 @@ def main(argv=None):
         if not args.no_baselines:
             blens = args.baseline_lengths or ((256, 1024) if q else lengths)
             for length in blens:
-                for rec in mixers.bench_conv(length, s, args.kinds):
+                for rec in baselines.bench_conv(length, s, args.kinds):
                     common.emit(rec)
-                for rec in mixers.bench_scan(length, s, args.kinds):
+                for rec in baselines.bench_scan(length, s, args.kinds):
                     common.emit(rec)
 
     peak = peak_cpu = None
@@ -250,7 +250,7 @@ def _accelerator_report(args, argv):
     t0 = time.perf_counter()
     records = accel.run(tiny=args.tiny, budget_s=args.report_budget_s,
                         sections=args.report_sections)
-    tables = accel.render(records, machine)
+    tables = accel_tables.render(records, machine)
     command = "python -m sptlib.bench " + " ".join(
         shlex.quote(a) for a in argv if not a.startswith("--markdown") and a != args.markdown)
     print(f"\n{tables}\n({time.perf_counter() - t0:.0f} s)", flush=True)

@@ -9,7 +9,7 @@ weight gradient `xᵀ g` over all leading positions is the platform's CPU kernel
 copies a transpose of x or g for such a product and then runs a dot whose small output splits
 poorly across threads: on the 2-core test machine the quickstart-size Transformer's train step
 (d_model 64, FFN 128, 8,192 tokens) ran 1.09-1.12x faster with the kernel (interleaved A/B in one
-process, 21 rounds), though alone the two products take about the same time. Elsewhere (other backends, `sptlib.slices.aot`'s TPU programs,
+process, 21 rounds), though alone the two products take about the same time. Elsewhere (other backends, `sptlib.protocol.aot`'s TPU programs,
 other shapes or dtypes, no compiler) the jnp products run, in their original layout.
 
 `dot_general` has `jax.lax.dot_general`'s signature, so it can be passed to `flax.linen.Dense`

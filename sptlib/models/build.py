@@ -7,7 +7,6 @@ finetuning can load everything but `head`.
 from typing import Any, Mapping
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import ml_collections
 
@@ -27,9 +26,9 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 
 def compute_dtype(model_cfg):
-    """The jnp compute dtype of `config.model.dtype` (``auto``: by JAX's default backend; a
-    stage resolves it for its mesh's devices first, `resolve_model_config`)."""
-    return DTYPES[resolve_dtype(model_cfg.get("dtype", "float32"), jax.default_backend())]
+    """The jnp compute dtype of `config.model.dtype` (a stage's model config has it resolved for
+    its mesh's devices, `sptlib.train.resolve`; ``auto`` left here: `resolve_dtype`'s default)."""
+    return DTYPES[resolve_dtype(model_cfg.dtype)]
 
 
 def _as_dict(cfg):
@@ -59,9 +58,9 @@ def block_config(model_cfg) -> BlockConfig:
     return BlockConfig(d_model=c.d_model, causal=c.causal, dropout=c.dropout, norm=c.norm,
                        prenorm=c.prenorm, ffn_mult=c.ffn_mult,
                        dtype=compute_dtype(c),
-                       init_scheme=c.get("init_scheme", "linen"),
-                       gelu_approximate=c.get("gelu_approximate", True),
-                       tie_dropout=c.get("tie_dropout", False))
+                       init_scheme=c.init_scheme,
+                       gelu_approximate=c.gelu_approximate,
+                       tie_dropout=c.tie_dropout)
 
 
 def layer_specs(model_cfg):
@@ -74,7 +73,7 @@ def layer_specs(model_cfg):
     c = model_cfg
     dtype = compute_dtype(c)
     attention = dict(_as_dict(c.attention), dtype=dtype,
-                     init_scheme=c.get("init_scheme", "linen"))
+                     init_scheme=c.init_scheme)
     options = lambda name: attention if name == "attention" else _with_dtype(
         name, _as_dict(c.get(name)), dtype, c.get("init_scheme", "linen"))
     if c.pattern == "uniform":
@@ -154,7 +153,7 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
         ml_collections.ConfigDict(model_cfg)
     h = _as_dict(head_cfg)
     dtype = compute_dtype(c)
-    scheme = c.get("init_scheme", "linen")
+    scheme = c.init_scheme
     initializers.check(scheme)
     if c.encoder == "token":
         if c.vocab_size <= 0:
@@ -172,15 +171,15 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
         backbone = BagOfWords(nonlinear=c.encoder == "linear")
     else:
         # `bypass_mixers` (set per stage by `stages.<s>.bypass_mixers`): a per-token network.
-        backbone = Backbone(layer_specs(c), block_config(c), c.get("scan_layers", True),
-                            c.get("remat", False), bool(c.get("bypass_mixers", False)),
-                            c.get("scan_unroll", 1), c.get("remat_policy", "full"))
+        backbone = Backbone(layer_specs(c), block_config(c), c.scan_layers,
+                            c.remat, bool(c.get("bypass_mixers", False)),
+                            c.scan_unroll, c.remat_policy)
     kind = h.get("kind")
     pooling = h.get("pooling", c.pooling)
     if kind == "classify":
         head = ClassifyHead(h["num_classes"], pooling, scheme,
-                            c.d_model if bow else c.get("head_hidden", 0),
-                            "gelu" if bow else c.get("head_activation", "gelu"))
+                            c.d_model if bow else c.head_hidden,
+                            "gelu" if bow else c.head_activation)
     elif kind == "token_logits":
         head = TokenHead(h.get("num_outputs") or c.vocab_size, init_scheme=scheme)
     elif kind == "pixel_logits":
@@ -189,7 +188,7 @@ def build_model(model_cfg, head_cfg: Mapping[str, Any]):
         head = TokenHead(c.d_input, axis_name="classes", init_scheme=scheme)
     elif kind == "retrieval":
         head = RetrievalHead(h["num_classes"], pooling, init_scheme=scheme,
-                             gelu_approximate=c.get("gelu_approximate", True))
+                             gelu_approximate=c.gelu_approximate)
     else:
         raise ValueError(f"head kind {kind!r} not in {HEADS}")
     return SequenceModel(encoder, backbone, head, kind)

@@ -97,9 +97,16 @@ def model_config():
 AUTO_DTYPE = {"tpu": "bfloat16", "gpu": "bfloat16", "cuda": "bfloat16", "rocm": "bfloat16"}
 
 
-def resolve_dtype(name, platform):
-    """`config.model.dtype` with ``auto`` resolved for `platform` (cpu | gpu | tpu)."""
-    return AUTO_DTYPE.get(platform, "float32") if name == "auto" else name
+def resolve_dtype(name, platform=None):
+    """`config.model.dtype` with ``auto`` resolved for `platform` (cpu | gpu | tpu; default:
+    JAX's default backend, for a model built outside a resolved stage): the one place that
+    decides it."""
+    if name != "auto":
+        return name
+    if platform is None:
+        import jax  # deferred: the config module itself stays JAX-free
+        platform = jax.default_backend()
+    return AUTO_DTYPE.get(platform, "float32")
 
 
 def resolve_model_config(model_cfg, task_info, platform=None):
@@ -109,9 +116,7 @@ def resolve_model_config(model_cfg, task_info, platform=None):
     `platform` (cpu | gpu | tpu; default: JAX's default backend) resolves ``dtype="auto"``.
     """
     m = ml_collections.ConfigDict(model_cfg.to_dict())
-    if m.get("dtype", "float32") == "auto":
-        import jax  # deferred: the config module itself stays JAX-free
-        m.dtype = resolve_dtype("auto", platform or jax.default_backend())
+    m.dtype = resolve_dtype(m.dtype, platform)
     if not m.vocab_size:
         m.vocab_size = int(task_info.get("vocab_size", 0))
     if not m.max_length:

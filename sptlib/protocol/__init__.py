@@ -7,5 +7,6 @@ convergence), `stops` (where such stages stopped),
 checkpoint chained into the next), `records` (a run's results -> one record), `report`,
 `lmreport` and `learning_curves` (tables and plots), `stats` (means with t intervals),
 `sweeps` (the lr axis, chosen on validation), `lengthgen` and `lmeval` (evaluation at other
-lengths). Nothing below this package imports it.
+lengths), `aot` (every stage compiled for its TPU slice, behind `python -m sptlib.aot`). Nothing
+below this package imports it.
 """

@@ -107,61 +107,15 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
         f"{0 if report_only else len(todo)} to run")
     done = 0
     for spec in mine:
+        # Resolved again at its turn: the runs before it may have finished its lr sweep.
         spec = _resolve(spec, specs)
-        if _finished(spec):
-            rec = make_record(spec, load_results(spec.workdir), status="finished")
-        elif sweeps.deferred(spec):
-            rec = make_record(spec, None, status="missing", error="its lr sweep (seeds "
-                              f"{','.join(map(str, spec.lr_seeds))}) is not finished or not in "
-                              "--seeds")
-        elif equal_compute.waiting(spec) and not report_only:
-            rec = make_record(spec, None, status="missing", error="its SPT run (the steps it "
-                              "matches) is not finished")
-        elif report_only:
-            rec = make_record(spec, load_results(spec.workdir), status="missing")
-        else:
+        rec = _record_without_running(spec, report_only)
+        if rec is None:
             done += 1
             log(f"[compare] ({done}/{len(todo)}) {spec.name} -> {spec.workdir}")
-            epath.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
-            if sweeps.share_pretrain(spec, specs, is_finished):
-                log(f"[compare] {spec.name}: pretrain shared with another lr's run")
-            t0 = time.time()
-            try:
-                run_fn(spec.config, spec.workdir)
-                status = "finished" if _finished(spec) else "unfinished"
-                rec = make_record(spec, load_results(spec.workdir), status=status,
-                                  wall_time_s=time.time() - t0)
-            except KeyboardInterrupt:
-                raise
-            except errors.PreemptedError:
-                # SIGTERM / preemption: the stage saved a checkpoint; stop the whole
-                # comparison (rerunning the command resumes it) instead of moving on.
-                _write_json(records, workdir, json_name)
-                log(f"[compare] stopped on request during {spec.name}; rerun to resume")
-                raise
-            except errors.WorkdirBusyError as e:
-                # Another live process trains this run (sptlib.train.lock): leave it alone.
-                rec = make_record(spec, load_results(spec.workdir), status="unfinished",
-                                  error=errors.one_line(e), wall_time_s=time.time() - t0)
-                log(f"[compare] SKIPPED {spec.name}: {errors.one_line(e)}")
-            except Exception as e:
-                logging.exception("Run %s failed", spec.name)
-                # Any other error: one broken cell must not lose the others.
-                rec = make_record(spec, load_results(spec.workdir), status="failed",
-                                  error=f"{type(e).__name__}: {e}",
-                                  wall_time_s=time.time() - t0)
-                results_lib.write_text(os.path.join(spec.workdir, "error.txt"),
-                                       traceback.format_exc())
-                log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
-        if spec.lr is not None:
-            rec["lr"], rec["lr_sweep"] = spec.lr, not spec.lr_from
-        if length_factors and rec["status"] == "finished" and lmreport.is_lm(spec.config):
-            # Causal LMs: bits per token at each factor on the same text (sptlib.protocol.lmeval).
-            rec["lm"] = lmreport.lm_record(spec.config, spec.workdir, length_factors,
-                                           evaluate=not report_only, log=log)
-        elif length_factors and rec["status"] == "finished" and not report_only:
-            rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn,
-                                                        log)
+            rec = _run_one(spec, specs, run_fn, log,
+                           on_stop=lambda: _write_json(records, workdir, json_name))
+        _add_extras(rec, spec, length_factors, length_eval_fn, report_only, log)
         records.append(rec)
         _write_json(records, workdir, json_name)  # partial progress is visible while running
         if rec["status"] == "finished" and rec.get("test_accuracy") is not None:
@@ -197,6 +151,69 @@ def _val_accuracy(spec) -> float | None:
     if not _finished(spec):
         return None
     return make_record(spec, load_results(spec.workdir), status="finished").get("val_accuracy")
+
+
+def _record_without_running(spec, report_only):
+    """The record of a run that is not to run now (finished, waiting, or a report), else None."""
+    if _finished(spec):
+        return make_record(spec, load_results(spec.workdir), status="finished")
+    if sweeps.deferred(spec):
+        return make_record(spec, None, status="missing", error="its lr sweep (seeds "
+                           f"{','.join(map(str, spec.lr_seeds))}) is not finished or not in "
+                           "--seeds")
+    if equal_compute.waiting(spec) and not report_only:
+        return make_record(spec, None, status="missing", error="its SPT run (the steps it "
+                           "matches) is not finished")
+    if report_only:
+        return make_record(spec, load_results(spec.workdir), status="missing")
+    return None
+
+
+def _run_one(spec, specs, run_fn, log, on_stop) -> dict:
+    """Runs one cell; its record. A stop on request writes the records so far (`on_stop`) and
+    stops the comparison; any other error is that cell's record, so the others still run."""
+    epath.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
+    if sweeps.share_pretrain(spec, specs, is_finished):
+        log(f"[compare] {spec.name}: pretrain shared with another lr's run")
+    t0 = time.time()
+    try:
+        run_fn(spec.config, spec.workdir)
+        status = "finished" if _finished(spec) else "unfinished"
+        return make_record(spec, load_results(spec.workdir), status=status,
+                           wall_time_s=time.time() - t0)
+    except KeyboardInterrupt:
+        raise
+    except errors.PreemptedError:
+        # SIGTERM / preemption: the stage saved a checkpoint; stop the whole comparison
+        # (rerunning the command resumes it) instead of moving on.
+        on_stop()
+        log(f"[compare] stopped on request during {spec.name}; rerun to resume")
+        raise
+    except errors.WorkdirBusyError as e:
+        # Another live process trains this run (sptlib.train.lock): leave it alone.
+        log(f"[compare] SKIPPED {spec.name}: {errors.one_line(e)}")
+        return make_record(spec, load_results(spec.workdir), status="unfinished",
+                           error=errors.one_line(e), wall_time_s=time.time() - t0)
+    except Exception as e:
+        logging.exception("Run %s failed", spec.name)
+        # Any other error: one broken cell must not lose the others.
+        rec = make_record(spec, load_results(spec.workdir), status="failed",
+                          error=f"{type(e).__name__}: {e}", wall_time_s=time.time() - t0)
+        results_lib.write_text(os.path.join(spec.workdir, "error.txt"), traceback.format_exc())
+        log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
+        return rec
+
+
+def _add_extras(rec, spec, length_factors, length_eval_fn, report_only, log) -> None:
+    """The lr a cell ran at, and its evaluation past the training length (when asked)."""
+    if spec.lr is not None:
+        rec["lr"], rec["lr_sweep"] = spec.lr, not spec.lr_from
+    if length_factors and rec["status"] == "finished" and lmreport.is_lm(spec.config):
+        # Causal LMs: bits per token at each factor on the same text (sptlib.protocol.lmeval).
+        rec["lm"] = lmreport.lm_record(spec.config, spec.workdir, length_factors,
+                                       evaluate=not report_only, log=log)
+    elif length_factors and rec["status"] == "finished" and not report_only:
+        rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn, log)
 
 
 def _length_eval(spec, factors, fn, log) -> dict:

@@ -23,7 +23,7 @@ from etils import epath
 
 from sptlib import data as data_lib
 from sptlib.errors import ConfigError, IncompatibleCheckpointError
-from sptlib.train import metrics as metrics_lib, setup, sharding, transfer
+from sptlib.train import metrics as metrics_lib, resolve, setup, sharding, transfer
 
 FIXED_LENGTH_TASKS = ("image", "scifar", "pathfinder", "pathx", "pathx256", "fashion_mnist",
                       "lines")
@@ -77,14 +77,14 @@ def evaluate(config, workdir, factor: float, *, split: str = "test") -> float:
     long_cfg = longer_config(config, factor, train_length)
 
     task = data_lib.get_task(long_cfg.data)
-    batch_size = int(stage.eval_batch_size or stage.batch_size)
-    it = task.make_iterator(split, batch_size=batch_size, seed=0, num_epochs=1,
+    resolved = resolve.resolve_stage(long_cfg, stage_name, info=task.info)
+    it = task.make_iterator(split, batch_size=resolved.eval_batch_size, seed=0, num_epochs=1,
                             drop_remainder=False)
 
     # A fresh state at the new length, then the trained tensors by name (a shape that depends on
     # the length would fail here with the parameter's name).
     built = setup.build_stage(long_cfg, stage_name, example_batch=setup.peek(it),
-                              info=task.info, train=False)
+                              train=False, resolved=resolved)
     state, mesh, rules = built.state, built.mesh, built.rules
     step_dir = transfer.resolve_init_checkpoint(stage_name, epath.Path(workdir), "best")
     try:

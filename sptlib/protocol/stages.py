@@ -20,11 +20,14 @@ from absl import logging
 from etils import epath
 
 from sptlib import errors
+from sptlib import write_errors
 from sptlib.errors import PreemptedError, ResultsError
 from sptlib.train import config as config_lib
 from sptlib.train import lock as lock_lib
 from sptlib.train import loop
 from sptlib.train import preflight
+from sptlib.train import resolve
+from sptlib.train import workdir_checks
 from sptlib.train import results as results_lib
 from sptlib.train.sharding import is_main_process, maybe_initialize_distributed
 
@@ -67,7 +70,7 @@ def run(config, workdir) -> dict:
     """
     config_lib.validate(config)
     maybe_initialize_distributed(config)
-    preflight.check_workdir(workdir)
+    workdir_checks.check_workdir(workdir)
     lock = lock_lib.WorkdirLock(workdir) if is_main_process() else None
     if lock is not None:
         lock.acquire()  # before anything is written: a busy workdir is one line, nothing touched
@@ -77,6 +80,13 @@ def run(config, workdir) -> dict:
         raise PreemptedError("interrupted (SIGINT) before a checkpoint of the current stage "
                              "could be saved; its last checkpoint is kept. Run the same "
                              "command to resume.", signum=signal.SIGINT) from None
+    except errors.SptlibError:
+        raise
+    except Exception:
+        # A SIGTERM's PreemptedError raised inside library code that wraps it (an extension
+        # module's import reports "initialization failed"): the stop on request it was.
+        _honour_pending_stop()
+        raise
     finally:
         if lock is not None:
             lock.release()
@@ -93,7 +103,11 @@ def _honour_pending_stop():
 
 
 def _run(config, workdir) -> dict:
-    data_info = preflight.check(config, workdir)  # data, metrics, batches: before any step
+    # Every stage's folder is a folder where it exists (the lock's owner writes there); data,
+    # model, metrics checked before any step; the data read once, the run resolved once.
+    workdir_checks.check_stage_dirs(config, workdir)
+    data_info, task = preflight.check(config, workdir)
+    resolved = {r.name: r for r in resolve.resolve_run(config, info=task.info)}
     if not is_main_process():
         # Logs (like files) come from process 0; the others report warnings and errors only.
         logging.set_verbosity(logging.WARNING)
@@ -108,19 +122,20 @@ def _run(config, workdir) -> dict:
             _honour_pending_stop()
             kind = config.stages[name].objective.kind
             logging.info("=== stage %s (%s) -> %s", name, kind, workdir / name)
-            all_results[name] = loop.train_stage(config, name, workdir)
+            all_results[name] = loop.train_stage(config, name, workdir, task=task,
+                                                 resolved=resolved[name])
             summary[name] = all_results[name].summary(kind)
     except BaseException:
         try:  # the summary of the stages before; never masks the stage's own error
             _write_summary(workdir, config, summary, time.time() - t0, data_info)
         except Exception as e:  # pylint: disable=broad-except  (e.g. the same full disk)
             logging.warning("Could not write %s (%s).", workdir / results_lib.RESULTS_FILE,
-                            errors.one_line(errors.find_write_error(e) or e))
+                            errors.one_line(write_errors.find_write_error(e) or e))
         raise
     _honour_pending_stop()
     try:
         out = _write_summary(workdir, config, summary, time.time() - t0, data_info)
     except OSError as e:
-        raise (errors.find_write_error(e) or e) from e
+        raise (write_errors.find_write_error(e) or e) from e
     logging.info("All stages done: %s", json.dumps(summary, default=str))
     return {"stages": all_results, "summary": out}

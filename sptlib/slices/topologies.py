@@ -1,6 +1,6 @@
 """TPU slices for ahead-of-time compilation: chip layout, HBM and peak FLOP/s per chip.
 
-`slice_spec("v4-32")` names everything `sptlib.slices.aot` needs to compile for a slice on a machine
+`slice_spec("v4-32")` names everything `sptlib.protocol.aot` needs to compile for a slice on a machine
 without TPUs: the topology string and chip configuration that
 `jax.experimental.topologies.get_topology_desc` takes (needs libtpu: `pip install -e '.[tpu]'`),
 the number of JAX devices, and the chip's HBM and peak bf16 FLOP/s (Cloud TPU system

@@ -11,7 +11,8 @@ Layout of one stage's checkpoints (`workdir/<stage>/checkpoints/`):
     corrupt/<step>-*   checkpoints found unreadable or damaged, moved aside (never deleted)
     diverged/<step>-*  checkpoints of a diverged state (`sptlib.train.loop`), moved aside
 
-`score` is the stage's `best_metric` signed so that larger is better (`-loss` for best_mode=min):
+`score` is the stage's `best_metric` signed so that larger is better (`-loss` for best_mode=min;
+`sptlib.train.convergence.score_of`):
 any reader can pick the best checkpoint of a directory without knowing the stage's config.
 
 Retention: the latest `keep` checkpoints plus the best-scoring one (orbax
@@ -40,14 +41,12 @@ from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
 from sptlib import errors
-# Error types live in sptlib.errors (JAX-free); file helpers in checkpoint_io. Both re-exported.
-from sptlib.errors import (CheckpointDigestError, CheckpointMismatchError,  # noqa: F401
-                           IncompatibleCheckpointError, NoCheckpointError,
+from sptlib.errors import (CheckpointDigestError, CheckpointMismatchError,
                            NoReadableCheckpointError)
 from sptlib.train import digest as digest_lib
-from sptlib.train.checkpoint_io import (  # noqa: F401
-    _flat, abstract_like, absolute, decode_iterator_state, describe_mismatch,
-    encode_iterator_state, gather_iterator_states, leaf_specs, local_iterator_state, saved_tree,
+from sptlib.train.checkpoint_io import (
+    absolute, describe_mismatch,
+    gather_iterator_states, leaf_specs, local_iterator_state, saved_tree,
     to_host)
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -61,12 +60,29 @@ _ITERATOR_KEYS = ("process_count", "states")
 # Helpers.
 # ----------------------------------------------------------------------------------------------
 
-def score_of(metrics: dict, best_metric: str, best_mode: str) -> float:
-    """The checkpoint score (larger = better) of validation `metrics`; -inf if missing/non-finite."""
-    value = metrics.get(best_metric)
-    if value is None or not math.isfinite(float(value)):
-        return -math.inf
-    return float(value) if best_mode == "max" else -float(value)
+def is_step_dir(path: epath.Path) -> bool:
+    """Whether `path` is one checkpoint step's folder (`<step>/state`)."""
+    return path.name.isdigit() and (path / "state").exists()
+
+
+def best_step(directory) -> Optional[int]:
+    """The best checkpoint of a checkpoints folder: the highest `score` of its steps' metrics
+    (ties go to the earlier step, the first time the score was reached); the latest step when
+    none has a score; None when the folder holds no checkpoint. It needs no stage config: the
+    score was signed by `best_mode` when it was saved."""
+    directory = epath.Path(directory)
+    steps = sorted(int(p.name) for p in directory.iterdir() if is_step_dir(p)) \
+        if directory.is_dir() else []
+    scored = []
+    for s in steps:
+        try:
+            metrics = json.loads((directory / str(s) / "metrics" / "metrics").read_text())
+            scored.append((float(metrics["score"]), -s))
+        except Exception:  # pylint: disable=broad-except  (no metrics: not evaluated)
+            continue
+    if not scored:
+        return steps[-1] if steps else None
+    return -max(scored)[1]
 
 
 class _NoLibraryTracebacks:
@@ -167,18 +183,12 @@ class StageCheckpointer:
         return self.manager.latest_step()
 
     def best_step(self) -> Optional[int]:
-        """The best-scoring step among the checkpoints that exist (latest if none has metrics);
-        a step folder deleted behind the manager's back is not a candidate."""
+        """`best_step(self.directory)`: the best-scoring checkpoint that exists (a step folder
+        deleted behind the manager's back is not a candidate)."""
         steps = self.all_steps()
-        present = [s for s in steps if (self.directory / str(s)).exists()]
-        if len(present) < len(steps):
+        if any(not (self.directory / str(s)).exists() for s in steps):
             self.manager.reload()  # its cached list still names the deleted steps
-        scored = [(s, self.metrics(s)) for s in present]
-        scored = [(s, m) for s, m in scored if m and "score" in m]
-        if not scored:
-            return max(present, default=None)
-        # Ties go to the earlier step (the first time the score was reached).
-        return max(scored, key=lambda sm: (_score_fn(sm[1]), -sm[0]))[0]
+        return best_step(self.directory)
 
     def metrics(self, step: int) -> Optional[dict]:
         try:

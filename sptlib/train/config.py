@@ -140,7 +140,7 @@ def base_config():
     c.aot = ml_collections.ConfigDict()
     # Target TPU slice, e.g. "v4-8", "v5e-16", "v5p-128"; "" = not sized for a pod.
     c.aot.slice = ""
-    # Mesh axes on that slice, applied over `mesh` there (by `sptlib.slices.aot` and, with
+    # Mesh axes on that slice, applied over `mesh` there (by `sptlib.protocol.aot` and, with
     # --tensor/--fsdp, the TPU launcher); 0 = keep `mesh`'s. The local `mesh` stays all-data, so
     # the same config runs on a laptop unchanged.
     c.aot.tensor = 0

@@ -5,7 +5,9 @@ validation accuracy, max; denoising: validation loss, min) has not improved by m
 `min_delta` on the best value so far for `patience` evaluations in a row; `num_steps` is then the
 cap (the schedule still decays over it). `patience = 0` trains exactly `num_steps`. The best
 checkpoint is kept as always (`sptlib.train.checkpoint`), and `results.json` records where and why
-the stage stopped (`stop_reason`: "patience" | "cap").
+the stage stopped (`stop_reason`: "patience" | "cap"). `score_of` is the best-checkpoint rule
+itself: a validation metric signed by `best_mode` so that larger is better, as every checkpoint's
+`score` records it.
 
 The decision depends only on the validation history (`history.json`, also saved in every
 checkpoint), so a killed stage resumed from its latest checkpoint stops at the same step: the
@@ -18,8 +20,18 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from absl import logging
+
 PATIENCE = "patience"
 CAP = "cap"
+
+
+def score_of(metrics: dict, best_metric: str, best_mode: str) -> float:
+    """The checkpoint score (larger = better) of validation `metrics`; -inf if missing/non-finite."""
+    value = metrics.get(best_metric)
+    if value is None or not math.isfinite(float(value)):
+        return -math.inf
+    return float(value) if best_mode == "max" else -float(value)
 
 
 def evaluations_without_improvement(history: Sequence[dict], metric: str, mode: str,
@@ -43,17 +55,17 @@ def evaluations_without_improvement(history: Sequence[dict], metric: str, mode: 
 def should_stop(history: Sequence[dict], stage) -> bool:
     """True when the stage (`patience`, `min_delta`, `best_metric`, `best_mode`) has converged
     by its validation `history`."""
-    patience = int(stage.get("patience", 0) or 0)
+    patience = int(stage.patience or 0)
     if patience <= 0 or not history:
         return False
     return evaluations_without_improvement(history, stage.best_metric, stage.best_mode,
-                                           float(stage.get("min_delta", 0.0) or 0.0)) >= patience
+                                           float(stage.min_delta or 0.0)) >= patience
 
 
 def stop_reason(history: Sequence[dict], stage, final_step: int) -> str | None:
     """Why a finished stage stopped: "patience" (converged before the cap), "cap" (a stage
     training to convergence reached `num_steps`), None (a fixed-budget stage)."""
-    if int(stage.get("patience", 0) or 0) <= 0:
+    if int(stage.patience or 0) <= 0:
         return None
     if final_step < int(stage.num_steps) and should_stop(history, stage):
         return PATIENCE
@@ -62,9 +74,27 @@ def stop_reason(history: Sequence[dict], stage, final_step: int) -> str | None:
 
 def validate(name: str, stage) -> str | None:
     """An error message for bad convergence fields of stage `name`, or None."""
-    if int(stage.get("patience", 0) or 0) < 0:
+    if int(stage.patience or 0) < 0:
         return f"config.stages.{name}.patience must be >= 0 (0 = a fixed budget), got " \
                f"{stage.patience}"
-    if float(stage.get("min_delta", 0.0) or 0.0) < 0:
+    if float(stage.min_delta or 0.0) < 0:
         return f"config.stages.{name}.min_delta must be >= 0, got {stage.min_delta}"
     return None
+
+
+def warn_missing_best(rule, name, history, ckpt, best_step) -> None:
+    """Warns when the history's best evaluation (by `rule`'s best_metric / best_mode) has no
+    checkpoint any more (deleted or moved aside): "best" is then the best of the checkpoints
+    that exist (`best_step`); the history keeps the truth."""
+    scored = [(score_of(h, rule.best_metric, rule.best_mode), -h["step"], h["step"])
+              for h in history if rule.best_metric in h]
+    if not scored:
+        return
+    score, _, truth = max(scored)
+    if truth == best_step or truth in ckpt.all_steps() or not math.isfinite(score):
+        return
+    value = next(h[rule.best_metric] for h in history if h["step"] == truth)
+    logging.warning("[%s] the best checkpoint, step %d (validation %s=%.4g in history.json), is "
+                    "gone from %s (deleted or moved aside): best_step is recomputed among the "
+                    "checkpoints that exist (step %s); history.json keeps step %d's metrics.",
+                    name, truth, rule.best_metric, value, ckpt.directory, best_step, truth)

@@ -33,15 +33,20 @@ VERSION = 1
 FILE = "metadata"  # orbax's JSON handler writes <step>/<item>/metadata
 
 
-def leaf_path(path) -> str:
-    """'params/backbone/w' of a key path (attribute, dict key or index), as `leaf_specs`."""
+def leaf_names(path) -> tuple:
+    """('params', 'backbone', 'w') of a key path (attribute, dict key or index)."""
     parts = []
     for k in path:
         for attr in ("name", "key", "idx"):
             if hasattr(k, attr):
                 parts.append(str(getattr(k, attr)))
                 break
-    return "/".join(parts)
+    return tuple(parts)
+
+
+def leaf_path(path) -> str:
+    """'params/backbone/w' of a key path, as `checkpoint_io.leaf_specs`."""
+    return "/".join(leaf_names(path))
 
 
 def array_digest(value) -> str:

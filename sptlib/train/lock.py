@@ -34,7 +34,7 @@ LOCK_FILE = ".sptlib.lock"
 # PreemptedError, but Python runs signal handlers between any two bytecodes, also inside a
 # garbage-collection or weakref callback whose exceptions are printed and dropped ("Exception
 # ignored in ..."); the run then goes on. So the request is also recorded here, and the stage
-# runner and the training loop's own handler (`guards.StopFlag`) honour it.
+# runner and the training loop's own handler (`signals.StopFlag`) honour it.
 _pending_signum = None
 
 
@@ -153,7 +153,7 @@ class WorkdirLock:
         """While the lock is held, SIGTERM outside a stage's training loop (preflight, data
         loading or generation, compilation) stops the run at once as a `PreemptedError`
         (exit 3) instead of killing it, so the `finally` that releases the lock runs. (The
-        loop's own handler, `guards.StopFlag`, replaces this one while it trains.)"""
+        loop's own handler, `signals.StopFlag`, replaces this one while it trains.)"""
         if threading.current_thread() is not threading.main_thread():
             return
 

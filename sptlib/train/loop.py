@@ -6,7 +6,7 @@
                           (+ the validation history and wall time so far) + their digest
     events.out.tfevents*  TensorBoard scalars (metrics.EventWriter): train/*, validation/*, test_*/*
     config.json           the full resolved config the stage first ran with (never overwritten;
-                          a resume with another config adds config.step<N>.json, see guards)
+                          a resume with another config adds config.step<N>.json, see config_history)
     inputs.json           what the stage was initialised from (init_from: checkpoint, fingerprint)
     resolved.json         the resolved stage it runs as (sptlib.train.resolve: platform, mesh,
                           rules, batch shapes, dtype, attention kernel), rewritten at each start
@@ -15,7 +15,7 @@
     history.json          validation metrics at every evaluation ([{"step": s, metric: v}])
     profile/              jax.profiler trace when `profile.start_step > 0`
 
-Restore priority (`restore`): own latest checkpoint (full resume, data iterator included) >
+Restore priority (`sptlib.train.start.restore`): own latest checkpoint (full resume, data iterator included) >
 `init_from` (parameters only, `dont_load` patterns kept fresh) > random init.
 
 Divergence: a checkpoint is saved only after the training loss up to its step is finite and its
@@ -37,21 +37,23 @@ import jax
 
 from sptlib import data as data_lib
 from sptlib import errors
-from sptlib.errors import NonFiniteLossError, PreemptedError, ResultsError  # noqa: F401
+from sptlib import write_errors
+from sptlib.errors import NonFiniteLossError, ResultsError
 from sptlib.train import checkpoint as ckpt_lib
+from sptlib.train import config_history
 from sptlib.train import convergence
+from sptlib.train import evaluation
 from sptlib.train import guards
 from sptlib.train import metrics as metrics_lib
 from sptlib.train import results as results_lib
 from sptlib.train import setup
 from sptlib.train import sharding
-from sptlib.train import steps
-from sptlib.train import transfer
+from sptlib.train import signals
+from sptlib.train import start
 from sptlib.train.results import RESULTS_FILE, StageResults
 from sptlib.train import resolve
 from sptlib.train.sharding import is_main_process
 
-CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 
 
@@ -60,9 +62,11 @@ def _write_json(path: epath.Path, obj):
         results_lib.write_json(path, obj)
 
 
-def train_stage(config, stage_name: str, workdir) -> StageResults:
+def train_stage(config, stage_name: str, workdir, *, task=None, resolved=None) -> StageResults:
     """Runs one stage; returns its results (also written to `workdir/<stage>/results.json`;
-    the fields are `sptlib.train.results.StageResults`'s).
+    the fields are `sptlib.train.results.StageResults`'s). `task` (`sptlib.data.get_task`) and
+    `resolved` (`sptlib.train.resolve.resolve_stage` on this host's devices) are built here
+    when not given (the stage runner gives the run's).
 
     Raises:
       NonFiniteLossError: NaN/inf loss or parameters (only confirmed-finite checkpoints kept).
@@ -71,61 +75,64 @@ def train_stage(config, stage_name: str, workdir) -> StageResults:
       WriteError: disk full, file-size limit, unwritable path (one line naming the file).
     """
     try:
-        return _train_stage(config, stage_name, workdir)
+        return _train_stage(config, stage_name, workdir, task, resolved)
     except errors.SptlibError:
         raise
     except Exception as e:  # disk full / ulimit -f, however orbax or TensorFlow wrapped it
-        found = errors.find_write_error(e, ckpt_lib.absolute(workdir) / stage_name)
+        found = write_errors.find_write_error(e, ckpt_lib.absolute(workdir) / stage_name)
         if found is None:
             raise
         raise found from e
 
 
-def _train_stage(config, stage_name, workdir):
+def _train_stage(config, stage_name, workdir, task, resolved):
     t_start = time.time()
     stage = config.stages[stage_name]
     workdir = ckpt_lib.absolute(workdir)  # orbax needs absolute local paths
     stage_dir = workdir / stage_name
-    guards.check_inputs(config, stage_name, workdir)  # upstream changed: start afresh
+    source = start.upstream(config, stage_name, workdir)  # the checkpoint init_from names now
+    start.check_inputs(config, stage_name, workdir, source)  # upstream changed: start afresh
     previous = results_lib.read_stage(stage_dir)
     if previous and previous.finished and (previous.final_step == int(stage.num_steps) or
                                            previous.stop_reason == convergence.PATIENCE):
         logging.info("[%s] already finished (%s); not training again.", stage_name,
                      stage_dir / RESULTS_FILE)
         if is_main_process():
-            guards.warn_finished_changes(config, stage_name, stage_dir)
+            config_history.warn_finished_changes(config, stage_name, stage_dir)
         return previous
 
-    task = data_lib.get_task(config.data)
-    local_bs, local_eval_bs = setup.local_batch_sizes(config, stage_name)
-    seed = setup.stage_seed(config, stage_name)
-    train_iter = task.make_iterator("train", batch_size=local_bs, seed=seed,
-                                    shard_index=jax.process_index(),
+    if task is None:
+        task = data_lib.get_task(config.data)
+    if resolved is None:
+        resolved = resolve.resolve_stage(config, stage_name, info=task.info)
+    train_iter = task.make_iterator("train", batch_size=resolved.local_batch_size,
+                                    seed=resolved.seed, shard_index=jax.process_index(),
                                     shard_count=jax.process_count())
     built = setup.build_stage(config, stage_name, example_batch=setup.peek(train_iter),
-                              info=task.info)
-    layout_before = guards.previous_layout(stage_dir)
+                              resolved=resolved)
+    layout_before = config_history.previous_layout(stage_dir)
     if is_main_process():
         guards.check_space(stage_dir, built.state)
         stage_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(stage_dir / resolve.RESOLVED_FILE, built.resolved.to_json())
+        _write_json(stage_dir / resolve.RESOLVED_FILE, resolved.to_json())
     ckpt = ckpt_lib.StageCheckpointer(stage_dir / ckpt_lib.CHECKPOINTS_DIR, keep=stage.keep,
                                       async_saves=stage.async_checkpoints)
     writer = metrics_lib.create_writer(stage_dir, is_main=is_main_process())
-    stop = guards.StopFlag().install()
+    stop = signals.StopFlag().install()
     run = None
     failed = True
     try:
-        state, init_info = restore(built, ckpt, train_iter, workdir)
-        guards.note_layout(init_info, layout_before, built.resolved, stage_name)
+        state, init_info = start.restore(built, ckpt, train_iter, workdir, source)
+        config_history.note_layout(init_info, layout_before, resolved, stage_name)
         if is_main_process():
-            guards.record_start(config, stage_name, stage_dir, init_info)
+            config_history.record_start(config, stage_name, stage_dir, init_info)
         run = _Run(built, stage_dir, ckpt, writer, train_iter,
-                   _evaluator(task, built, local_eval_bs), t_start)
+                   evaluation.evaluator(task, built), t_start)
         state = run.train(state, stop)
+        stop_reason = convergence.stop_reason(run.history, stage, run.step)
         results = dataclasses.replace(
-            final_evaluation(run, state), init=init_info, num_params=built.num_params,
-            flops_per_step=setup.train_step_flops(built, strict=False))
+            evaluation.final_evaluation(run, state), stop_reason=stop_reason, init=init_info,
+            num_params=built.num_params, flops_per_step=setup.train_step_flops(built, strict=False))
         _write_json(stage_dir / RESULTS_FILE, results.to_json())
         failed = False
         if stop.requested:  # during the last step / final evaluation: finished, saved, stop
@@ -147,76 +154,6 @@ def _train_stage(config, stage_name, workdir):
                             stage_name, errors.one_line(sys.exc_info()[1]))
 
 
-def restore(built: setup.Stage, ckpt, train_iter, workdir):
-    """The stage's starting state, by priority: own latest checkpoint (full resume, data
-    iterator included) > `init_from` (parameters only, `dont_load` patterns kept fresh) > the
-    random init in `built.state`. Returns `(state, init_info)`."""
-    name, stage, state = built.name, built.cfg, built.state
-    restored = ckpt.restore_latest(ckpt_lib.abstract_like(state, built.state_shardings),
-                                   stage=name,
-                                   start_over=stage.get("start_over_if_unreadable", False))
-    if restored is not None:
-        state, iterator_state, restored_step = restored
-        train_iter.set_state(iterator_state)
-        logging.info("[%s] resuming from its checkpoint at step %d.", name, restored_step)
-        return state, {"kind": "resume", "step": int(restored_step),
-                       "quarantined": ckpt.quarantined}
-    if not stage.init_from:
-        logging.info("[%s] random init (seed %d), %d parameters.", name, built.seed,
-                     built.num_params)
-        # Unreadable checkpoints moved aside, if any (a start over the user asked for).
-        return state, {"kind": "random", "seed": built.seed, "quarantined": ckpt.quarantined}
-    if stage.init_from in built.config.stages:
-        source = results_lib.read_stage(workdir / stage.init_from)
-        if not source or not source.finished:
-            logging.warning("[%s] init_from stage %r has not finished (%s); using its %s "
-                            "checkpoint so far.", name, stage.init_from,
-                            source.status if source else "no results.json",
-                            stage.init_checkpoint)
-    step_dir = transfer.resolve_init_checkpoint(stage.init_from, workdir, stage.init_checkpoint)
-    source = guards.upstream(built.config, name, workdir) or {}
-    params, model_state, report = transfer.load_pretrained(
-        step_dir, state.params, state.model_state, dont_load=tuple(stage.dont_load))
-    logging.info("[%s] initialised from %s (%d tensors loaded; fresh: %s; skipped: %s).",
-                 name, step_dir, len(report["loaded"]), report["not_loaded"],
-                 report["skipped_from_checkpoint"])
-    return state.replace(params=params, model_state=model_state), {
-        "kind": "init_from", "checkpoint": str(step_dir),
-        "fingerprint": source.get("fingerprint"), "loaded": len(report["loaded"]),
-        "loaded_tensors": report["loaded"], "not_loaded": report["not_loaded"],
-        "skipped_from_checkpoint": report["skipped_from_checkpoint"],
-        "quarantined": ckpt.quarantined}
-
-
-def _sync_each_step():
-    # XLA:CPU with several (e.g. fake) devices can deadlock in collectives when executions
-    # overlap under async dispatch on few cores: there, wait for each step (nothing to overlap
-    # with on a CPU anyway). Accelerators keep asynchronous dispatch.
-    return jax.devices()[0].platform == "cpu" and jax.device_count() > 1
-
-
-def _evaluator(task, built: setup.Stage, local_eval_bs: int):
-    """`evaluate(state, split, max_batches=0) -> metrics` over one pass of `split`."""
-    sync = _sync_each_step()
-
-    def evaluate(state, split, max_batches=0):
-        it = task.make_iterator(split, batch_size=local_eval_bs, seed=built.seed,
-                                shard_index=jax.process_index(),
-                                shard_count=jax.process_count(), num_epochs=1,
-                                drop_remainder=False)
-        acc = None
-        for i, batch in enumerate(it):
-            if max_batches and i >= max_batches:
-                break
-            m = built.eval_step(state, sharding.shard_batch(batch, built.mesh, built.rules))
-            if sync:
-                jax.block_until_ready(m)
-            acc = metrics_lib.accumulate(acc, m)
-        return metrics_lib.summarize(acc)
-
-    return evaluate
-
-
 class _Run:
     """The training loop's bookkeeping: metrics windows, validation history, wall time,
     profiler window, checkpoints."""
@@ -225,6 +162,7 @@ class _Run:
         self.built, self.stage, self.name = built, built.cfg, built.name
         self.stage_dir, self.ckpt, self.writer = stage_dir, ckpt, writer
         self.train_iter, self.evaluate, self.t_start = train_iter, evaluate, t_start
+        self.sync = built.resolved.sync_each_step
         self.is_main = is_main_process()
         self.profiling = False
         self.last_val = None
@@ -279,7 +217,6 @@ class _Run:
         """Trains from `state.step` to `num_steps`; returns the last state."""
         stage, built, name = self.stage, self.built, self.name
         num_steps, pc = int(stage.num_steps), jax.process_count()
-        sync = _sync_each_step()
         self.step = self.start_step = self.last_checked = int(jax.device_get(state.step))
         self.checked_through = self.step  # every loss up to a saved step was checked
         self.confirmed = {s for s in self.ckpt.all_steps() if s < self.step or guards.finite(
@@ -292,8 +229,9 @@ class _Run:
         while self.step < num_steps and not convergence.should_stop(self.history, stage):
             self._start_profile()
             batch = sharding.shard_batch(next(self.train_iter), built.mesh, built.rules)
+            # steps.make_train_step: objective.loss (objectives/), its gradient, the AdamW update.
             state, step_metrics = built.train_step(state, batch)
-            if sync:
+            if self.sync:
                 jax.block_until_ready((state, step_metrics))
             self.step += 1
             step = self.step
@@ -322,8 +260,8 @@ class _Run:
             if save_now:
                 ckpt_metrics = None
                 if val is not None:
-                    ckpt_metrics = dict(val, score=ckpt_lib.score_of(val, stage.best_metric,
-                                                                     stage.best_mode))
+                    ckpt_metrics = dict(val, score=convergence.score_of(
+                        val, built.resolved.best_metric, built.resolved.best_mode))
                 self.ckpt.save(step, state, self.train_iter.get_state(), metrics=ckpt_metrics,
                                extra={"history": self.history, "spent_s": self.wall_total()})
             if preempt and not final:
@@ -407,48 +345,3 @@ class _Run:
             raise KeyError(f"stages.{self.name}.best_metric={self.stage.best_metric!r} is not "
                            f"a validation metric; have {sorted(val)}")
         return val
-
-
-def final_evaluation(run: _Run, state) -> StageResults:
-    """Validation and test metrics of the last and the best checkpoint; the stage's results
-    (without `init`, `num_params`, `flops_per_step`)."""
-    stage, name, step, evaluate = run.stage, run.name, run.step, run.evaluate
-    train_rate = run.progress.rate()
-    run.ckpt.wait_until_finished()
-    last_val = run.last_val
-    if last_val is None or last_val[0] != step:
-        last_val = (step, evaluate(state, "validation", stage.eval_steps))
-    last_metrics = {"validation": last_val[1], "test": evaluate(state, "test")}
-    fingerprint = steps.params_fingerprint(state.params)
-    best_step = run.ckpt.best_step()
-    guards.warn_missing_best(run.stage, run.name, run.history, run.ckpt, best_step)
-    if best_step is None or best_step == step:
-        best_step = step
-        best_metrics = last_metrics
-    else:
-        best_state, _ = run.ckpt.restore(
-            best_step, ckpt_lib.abstract_like(state, run.built.state_shardings))
-        best_metrics = {"validation": evaluate(best_state, "validation", stage.eval_steps),
-                        "test": evaluate(best_state, "test")}
-        del best_state
-    for which, ms in (("best", best_metrics), ("last", last_metrics)):
-        for split, vals in ms.items():
-            run.writer.write_scalars(step, metrics_lib.scalars_for_writer(
-                f"{split}_{which}", vals))
-    run.writer.flush()
-    results = StageResults(
-        stage=name, status="finished", final_step=step, best_step=int(best_step),
-        best_metric=stage.best_metric, best_mode=stage.best_mode,
-        validation={"best": best_metrics["validation"], "last": last_metrics["validation"]},
-        test={"best": best_metrics["test"], "last": last_metrics["test"]},
-        params_fingerprint=fingerprint, history=run.history, resumed_at_step=run.start_step,
-        stop_reason=convergence.stop_reason(run.history, stage, step),
-        train_steps_per_s=train_rate if math.isfinite(train_rate) else None,
-        wall_time_s=time.time() - run.t_start, wall_time_total_s=run.wall_total())
-    m = stage.best_metric
-    logging.info("[%s] finished at step %d in %s: best step %d (validation %s=%.4g), test %s "
-                 "best=%.4g last=%.4g.", name, step,
-                 metrics_lib.format_duration(results.wall_time_s), best_step, m,
-                 best_metrics["validation"].get(m, math.nan), m,
-                 best_metrics["test"].get(m, math.nan), last_metrics["test"].get(m, math.nan))
-    return results

@@ -14,6 +14,7 @@ import ml_collections
 import optax
 
 from sptlib.layers import param_groups
+from sptlib.train import resolve
 
 
 def optim_config():
@@ -64,7 +65,7 @@ def make_schedule(peak, cfg, total_steps):
     if cfg.schedule == "constant":
         after = optax.constant_schedule(peak)
     elif cfg.schedule == "cosine":
-        horizon = int(cfg.get("decay_steps", 0) or 0) or int(total_steps)
+        horizon = int(cfg.decay_steps or 0) or int(total_steps)
         decay_steps = max(horizon - warmup, 1)
         after = optax.cosine_decay_schedule(peak, decay_steps, alpha=float(cfg.min_lr_ratio))
     else:
@@ -75,14 +76,13 @@ def make_schedule(peak, cfg, total_steps):
         [optax.linear_schedule(0.0, peak, warmup), after], boundaries=[warmup])
 
 
-def learning_rates(cfg, total_steps):
-    """Schedules by group, for logging: `{"default": ..., "ssm": ..., "ssm_dt": ...}`."""
-    ssm_lr = cfg.lr if cfg.ssm_lr is None else cfg.ssm_lr
-    dt_lr = cfg.get("ssm_dt_lr", None)
-    dt_lr = ssm_lr if dt_lr is None else dt_lr
-    return {"default": make_schedule(cfg.lr, cfg, total_steps),
-            "ssm": make_schedule(ssm_lr, cfg, total_steps),
-            "ssm_dt": make_schedule(dt_lr, cfg, total_steps)}
+def learning_rates(cfg, total_steps, peaks=None):
+    """Schedules by group: `{"default": ..., "ssm": ..., "ssm_dt": ...}`, from `peaks`
+    (`{group: peak lr}`; default: what `sptlib.train.resolve.peak_learning_rates` decides for
+    `cfg`, as a resolved stage carries them)."""
+    if peaks is None:
+        peaks = {group: peak for group, (peak, _) in resolve.peak_learning_rates(cfg).items()}
+    return {group: make_schedule(peak, cfg, total_steps) for group, peak in peaks.items()}
 
 
 def param_labels(params):
@@ -94,7 +94,7 @@ def param_labels(params):
     return param_groups.param_labels(params)
 
 
-def make_optimizer(cfg, params, total_steps):
+def make_optimizer(cfg, params, total_steps, peaks=None):
     """Builds the optimizer.
 
     Args:
@@ -102,12 +102,13 @@ def make_optimizer(cfg, params, total_steps):
       params: the boxed parameter pytree, or its abstract shapes from
         `sptlib.train.steps.state_logical_specs` (only structure and groups are used).
       total_steps: steps of the stage (for the cosine schedule).
+      peaks: `{group: peak lr}` (a resolved stage's `learning_rates`); default: from `cfg`.
 
     Returns:
       An `optax.GradientTransformation`: optional global-norm clipping, then
       `optax.multi_transform` of AdamW for the `"default"`, `"ssm"` and `"ssm_dt"` groups.
     """
-    lrs = learning_rates(cfg, total_steps)
+    lrs = learning_rates(cfg, total_steps, peaks)
     labels = param_labels(params)
 
     def decay_mask(p):

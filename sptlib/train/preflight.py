@@ -4,15 +4,14 @@
 before any stage runs. Each failure is a `sptlib.errors.SptlibError` naming the config key, file
 or flag and what to do:
 
-  - the workdir is a folder (or can be created) and is writable; every stage's folder (and its
-    `checkpoints/`) is a folder where it exists; a remote (`gs://`) workdir answers within
-    `REMOTE_TIMEOUT_S`;
+  - the workdir is a folder (or can be created) and is writable; a remote (`gs://`) workdir
+    answers within `workdir_checks.REMOTE_TIMEOUT_S` (the stage runner checks the stages'
+    folders, `workdir_checks.check_stage_dirs`; `sptlib.train.resolve.resolve_run` that every
+    batch divides over its devices and processes);
   - the model's choices (mixer, pattern, positions, encoder, dtype) and sizes, every stage's
     optimizer numbers (non-negative) and schedule;
   - every stage: the objective's parameters (mask_rate in (0, 1), span_length >= 1), and
     `best_metric` is a metric the objective reports;
-  - every stage's `batch_size` and `eval_batch_size` divide over the devices that share the
-    batch axis (`logical_axis_rules['batch']` of `config.mesh`) and over the processes;
   - a stage folder that already holds checkpoints or results was run with the same model, data
     and objective (its saved `config.json`), so its checkpoints belong to this config;
   - `config.data.lra_dir` is not empty for the tasks that read it;
@@ -21,24 +20,19 @@ or flag and what to do:
     most `FULL_PROBE` examples) decode.
 """
 
-import errno
 import json
-import math
 import os
-import tempfile
-import threading
 
 from absl import logging
 from etils import epath
-import jax
 
 from sptlib import data as data_lib
-from sptlib import errors
+from sptlib import write_errors
 from sptlib import objectives
 from sptlib.models import build
-from sptlib.errors import (FOREIGN_ENV, CheckpointMismatchError, ConfigError, DataError,
-                           ResultsError, WorkdirOwnerError, foreign_allowed)
-from sptlib.train import results as results_lib, sharding
+from sptlib.errors import (CheckpointMismatchError, ConfigError, DataError,
+                           ResultsError)
+from sptlib.train import results as results_lib, sharding, workdir_checks
 
 # Validation/test splits up to this size are decoded record by record (a corrupt or wrong-size
 # image anywhere in them is found before training); larger ones are probed at both ends.
@@ -47,28 +41,27 @@ FULL_PROBE = 20000
 IDENTITY = ("model", "data.task", "data.input_type", "data.max_length")
 # Tasks whose files live under config.data.lra_dir (an empty value would mean the current folder).
 LRA_TASKS = ("listops", "retrieval", "pathfinder", "pathx", "pathx256")
-REMOTE_TIMEOUT_S = 60.0
 
 
-def check(config, workdir) -> dict:
+
+def check(config, workdir) -> tuple:
     """Runs every check below; raises the first failure (a `SptlibError`).
 
-    Returns the data's counted skips for the run's summary: `{"examples": {split: n},
-    "truncated": {split: n}, "empty_images": n}`."""
-    check_workdir(workdir, config.stage_order)
-    check_stage_dirs(config, workdir)
+    Returns `(data_info, task)`: the data's counted skips for the run's summary,
+    `{"examples": {split: n}, "truncated": {split: n}, "empty_images": n}`, and the task
+    (`sptlib.data.get_task`) whose splits were read, for the stages to train on."""
+    workdir_checks.check_workdir(workdir, config.stage_order)
     check_model(config.model)
     for name in config.stage_order:
         check_objective(config, name)
         check_best_metric(config, name)
         check_optim(config, name)
-    check_batch_sizes(config)
     check_saved_configs(config, workdir)
-    info = check_data(config)
+    info, task = check_data(config)
     check_batch_vs_data(config, info["examples"].get("train", 0))
     # The user's files: their inferred spec is written once, and must match on resume.
     data_lib.record_spec(config.data, workdir, write=sharding.is_main_process())
-    return info
+    return info, task
 
 
 def check_batch_vs_data(config, num_train) -> None:
@@ -80,134 +73,6 @@ def check_batch_vs_data(config, num_train) -> None:
             logging.warning("config.stages.%s.batch_size=%d is larger than the training split "
                             "(%d examples): each batch repeats examples; lower the batch size "
                             "or use more data.", name, bs, num_train)
-
-
-def check_workdir(workdir, stage_names=()) -> None:
-    """The workdir is (or can be made) a folder this process can write to, and its own: a
-    workdir of another user (e.g. prepared in a shared `/tmp`) is refused unless
-    SPTLIB_ALLOW_FOREIGN_WORKDIR=1; a symlink that leads nowhere (a loop) is named as such; the
-    files a run writes there fit the file system's name limits (`check_path_lengths`)."""
-    text = str(workdir)
-    if "://" in text:  # object stores: one listing, bounded in time (no network: minutes)
-        _check_remote(text)
-        return
-    path = epath.Path(os.path.abspath(text))
-    check_path_lengths(str(path), stage_names)
-    _check_link(str(path), f"--workdir={text}")
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--workdir={text}: is a file, not a folder; pass a folder (it is "
-                          f"created if missing)")
-    _check_owner(str(path), f"--workdir={text}")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".sptlib-write-test-", dir=str(path))
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"--workdir={text}: cannot write there ({type(e).__name__}: "
-                          f"{e.strerror or e}); pick a writable folder") from None
-
-
-def _check_link(path: str, what: str) -> None:
-    """A symlink at `path` that leads nowhere (a loop, a missing target) is a ConfigError."""
-    if os.path.islink(path) and not os.path.exists(path):
-        try:
-            os.stat(path)
-            why = "a missing target"
-        except OSError as e:
-            why = ("a loop" if e.errno == errno.ELOOP else e.strerror or str(e))
-        raise ConfigError(f"{what}: {path} is a symbolic link that leads nowhere ({why}: "
-                          f"-> {os.readlink(path)}); remove it or point it at a folder")
-
-
-def _check_owner(path: str, what: str) -> None:
-    """`path` (where it exists) belongs to this user, unless SPTLIB_ALLOW_FOREIGN_WORKDIR=1."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
-    if st.st_uid != os.geteuid() and not foreign_allowed():
-        raise WorkdirOwnerError(
-            f"{what}: {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); "
-            f"another user may have prepared it (planted symlinks write outside it). Use a "
-            f"folder of your own, or set {FOREIGN_ENV}=1 if you trust it")
-
-
-# Room for the paths a run writes below `<workdir>/<stage>/`: a checkpoint's OCDBT data file,
-# `checkpoints/<step>/state/ocdbt.process_0/d/<32 hex>`, is 72 characters at step 4 (measured);
-# orbax's temporary step folders (`<step>.orbax-checkpoint-tmp-<n>`) and 7-digit steps add about
-# 40, TensorBoard's event files carry the host name (up to 64).
-RESERVED_PATH = 200
-
-
-def check_path_lengths(path: str, stage_names=()) -> None:
-    """Every component of `path` within the file system's NAME_MAX, and the files a run writes
-    below it (`RESERVED_PATH` more characters) within PATH_MAX: too long a path fails only at
-    the first checkpoint otherwise, inside orbax's threads."""
-    probe = path
-    while probe and not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    try:
-        name_max = os.pathconf(probe or "/", "PC_NAME_MAX")
-        path_max = os.pathconf(probe or "/", "PC_PATH_MAX")
-    except (OSError, ValueError):
-        name_max, path_max = 255, 4096
-    for part in path.split(os.sep):
-        if len(part.encode()) > name_max:
-            raise ConfigError(f"--workdir={path[:80]}...: the folder name {part[:40]}... is "
-                              f"{len(part.encode())} bytes, the file system allows {name_max} "
-                              f"(NAME_MAX); use a shorter --workdir")
-    longest = len(path.encode()) + 1 + max([len(n) for n in stage_names] or [16]) + \
-        RESERVED_PATH
-    if longest > path_max:
-        raise ConfigError(f"--workdir={path[:80]}...: is {len(path.encode())} bytes long; the "
-                          f"checkpoints written below it would need paths of up to {longest} "
-                          f"bytes, the file system allows {path_max} (PATH_MAX); use a "
-                          f"--workdir under {path_max - longest + len(path.encode())} bytes")
-
-
-def _check_remote(text) -> None:
-    outcome = {}
-
-    def probe():
-        try:
-            outcome["exists"] = epath.Path(text).exists()
-        except Exception as e:  # pylint: disable=broad-except
-            outcome["error"] = e
-
-    t = threading.Thread(target=probe, daemon=True)
-    t.start()
-    t.join(REMOTE_TIMEOUT_S)
-    if t.is_alive():
-        raise ConfigError(f"--workdir={text}: no answer within {REMOTE_TIMEOUT_S:.0f} s (no "
-                          f"network, or no credentials?); check access or use a local folder")
-    if "error" in outcome:
-        e = outcome["error"]
-        raise ConfigError(f"--workdir={text}: cannot reach it ({type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:300]}); check the network and "
-                          f"credentials, or use a local folder") from None
-
-
-def check_stage_dirs(config, workdir) -> None:
-    """Every stage's folder and its `checkpoints/`, where they exist, are folders, and not
-    symlinks that lead nowhere or that another user planted."""
-    text = str(workdir)
-    if "://" in text:
-        return
-    for name in config.stage_order:
-        for path in (os.path.join(text, name), os.path.join(text, name, "checkpoints")):
-            path = os.path.abspath(path)
-            _check_link(path, f"stage {name!r}")
-            if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid() and \
-                    not foreign_allowed():
-                raise WorkdirOwnerError(
-                    f"{path}: a symbolic link (-> {os.readlink(path)}) of uid "
-                    f"{os.lstat(path).st_uid}, not yours: not writing through it; remove it, or "
-                    f"set {FOREIGN_ENV}=1 if you trust it")
-            if os.path.exists(path) and not os.path.isdir(path):
-                raise ConfigError(f"{path}: is a file, but stage {name!r} "
-                                  f"needs a folder there; move it aside or use another "
-                                  f"--workdir")
 
 
 def _choice(key, value, allowed):
@@ -297,36 +162,6 @@ def check_best_metric(config, name) -> None:
                           f"{stage.objective.kind!r} objective reports {sorted(names)}")
 
 
-def batch_devices(config) -> tuple:
-    """(number of devices the batch axis is split over, their mesh axes)."""
-    try:
-        mesh = sharding.create_mesh(config.mesh)
-    except ValueError as e:
-        raise ConfigError(f"config.mesh: {e}") from None
-    rules = dict(sharding.normalize_rules(config.logical_axis_rules))
-    axes = rules.get("batch")
-    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
-    return math.prod(int(mesh.shape[a]) for a in axes), axes
-
-
-def check_batch_sizes(config) -> None:
-    n, axes = batch_devices(config)
-    pc = jax.process_count()
-    for name in config.stage_order:
-        stage = config.stages[name]
-        for field in ("batch_size", "eval_batch_size"):
-            value = int(stage[field] or (stage.batch_size if field == "eval_batch_size" else 0))
-            key = f"config.stages.{name}.{field}"
-            if value % pc:
-                raise ConfigError(f"{key}={value}: not divisible by the {pc} processes; use a "
-                                  f"multiple of {pc}")
-            if value % n:
-                raise ConfigError(
-                    f"{key}={value}: the batch is split over {n} devices (mesh axes "
-                    f"{', '.join(axes)} of config.mesh, {jax.device_count()} devices in all); use "
-                    f"a multiple of {n}{' (0 = batch_size)' if field == 'eval_batch_size' else ''}")
-
-
 def _get(tree, dotted):
     for part in dotted.split("."):
         if not isinstance(tree, dict) or part not in tree:
@@ -377,8 +212,9 @@ def _probe(task, split, where) -> int:
     return n
 
 
-def check_data(config) -> dict:
-    """Every split of `config.data` is readable and non-empty (see the module docstring)."""
+def check_data(config) -> tuple:
+    """Every split of `config.data` is readable and non-empty (see the module docstring);
+    returns `(counts, task)` (see `check`)."""
     _at_least("config.data.max_length", config.data.max_length, 0)
     if config.data.task in LRA_TASKS and not str(config.data.get("lra_dir") or "").strip():
         raise ConfigError(f"config.data.lra_dir={config.data.get('lra_dir')!r} is empty: task "
@@ -387,17 +223,17 @@ def check_data(config) -> dict:
     where = f"config.data (task {config.data.task!r}, lra_dir={config.data.lra_dir!r})"
     lra_dir = str(config.data.get("lra_dir") or "")
     if lra_dir and "://" not in lra_dir:
-        _check_link(os.path.abspath(lra_dir), "config.data.lra_dir")
+        workdir_checks.check_link(os.path.abspath(lra_dir), "config.data.lra_dir")
         if os.path.isdir(lra_dir):
             for entry in os.scandir(lra_dir):
-                _check_link(entry.path, "config.data.lra_dir")
+                workdir_checks.check_link(entry.path, "config.data.lra_dir")
     try:
         task = data_lib.get_task(config.data)  # generates the data when configured to
         counts = {split: _probe(task, split, where) for split in ("train", "validation", "test")}
     except (DataError, ConfigError):
         raise
     except OSError as e:  # e.g. a full disk while the data is generated
-        found = errors.find_write_error(e, os.path.abspath(lra_dir) if lra_dir else None)
+        found = write_errors.find_write_error(e, os.path.abspath(lra_dir) if lra_dir else None)
         if found is None:
             raise
         raise found from e
@@ -407,4 +243,5 @@ def check_data(config) -> dict:
     logging.info("preflight: %s splits %s read; truncated at max_length: %s%s.",
                  config.data.task, counts, task.num_truncated,
                  f"; {empty} empty images skipped" if empty else "")
-    return {"examples": counts, "truncated": dict(task.num_truncated), "empty_images": empty}
+    return ({"examples": counts, "truncated": dict(task.num_truncated), "empty_images": empty},
+            task)

@@ -133,7 +133,7 @@ class StageResults:
     validation: dict = dataclasses.field(default_factory=dict)  # {"best": metrics, "last": ...}
     test: dict = dataclasses.field(default_factory=dict)  # the same, on the test split
     history: list = dataclasses.field(default_factory=list)  # [{"step": s, metric: value}]
-    params_fingerprint: Optional[str] = None  # SHA-256 of the last parameters
+    params_fingerprint: Optional[str] = None  # SHA-256 of the last parameters' digests
     num_params: Optional[int] = None
     flops_per_step: Optional[float] = None  # one train step on the global batch
     init: dict = dataclasses.field(default_factory=dict)  # kind: resume | init_from | random

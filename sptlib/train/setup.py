@@ -4,7 +4,7 @@
 task info, objective, model, mesh, logical rules, optimizer, train state with its shardings, and
 the jit-compiled train / eval steps (`sptlib.train.steps`: state donation, batch sharding over
 the `batch` rule's mesh axes). `sptlib.train.loop.train_stage`, `sptlib.protocol.lengthgen`,
-`sptlib.bench.train_step` and `sptlib.slices.aot` all call it, so what is compiled ahead of time for a TPU
+`sptlib.bench.train_step` and `sptlib.protocol.aot` all call it, so what is compiled ahead of time for a TPU
 slice is what trains.
 
 With `abstract=True` nothing is allocated: the state and the example batch are
@@ -28,8 +28,7 @@ from sptlib import models, objectives
 from sptlib.train import flops, optim, sharding, steps
 from sptlib.train.resolve import ResolvedStage, batch_shapes, resolve_stage
 
-__all__ = ["Stage", "build_stage", "batch_shapes", "local_batch_sizes", "peek", "stage_seed",
-           "train_step_flops", "ResolvedStage"]
+__all__ = ["Stage", "build_stage", "batch_shapes", "peek", "train_step_flops", "ResolvedStage"]
 
 
 @dataclasses.dataclass
@@ -44,7 +43,7 @@ class Stage:
     name: str
     config: Any                   # the experiment config
     cfg: Any                      # config.stages[name]
-    seed: int                     # config.seed + stage.seed_offset
+    seed: int                     # resolved.seed (config.seed + stage.seed_offset)
     info: dict                    # the task's info (vocab_size, num_classes, max_length, ...)
     objective: objectives.Objective
     model_cfg: Any                # config.model with the data-dependent fields filled in
@@ -64,21 +63,6 @@ class Stage:
         return int(sum(np.prod(x.shape) for x in jax.tree.leaves(self.state.params)))
 
 
-def stage_seed(config, stage_name: str) -> int:
-    return int(config.seed) + int(config.stages[stage_name].seed_offset)
-
-
-def local_batch_sizes(config, stage_name: str) -> tuple[int, int]:
-    """This process's (train, eval) batch sizes: the stage's global sizes / process count."""
-    stage = config.stages[stage_name]
-    pc = jax.process_count()
-    for field in ("batch_size", "eval_batch_size"):
-        if stage[field] % pc:
-            raise ValueError(f"stages.{stage_name}.{field}={stage[field]} is not divisible by "
-                             f"the process count {pc}")
-    return stage.batch_size // pc, (stage.eval_batch_size or stage.batch_size) // pc
-
-
 def peek(iterator):
     """The iterator's next batch (for shapes), with the iterator rewound: the data order must
     not depend on the peek."""
@@ -89,39 +73,44 @@ def peek(iterator):
 
 
 def build_stage(config, stage_name: str, *, example_batch=None, info=None, devices=None,
-                abstract: bool = False, train: bool = True) -> Stage:
+                abstract: bool = False, train: bool = True,
+                resolved: Optional[ResolvedStage] = None) -> Stage:
     """Builds stage `stage_name` of `config` (the code path `train_stage` runs).
 
     Args:
       config: the experiment config (`sptlib.train.config`).
       stage_name: a key of `config.stages`.
       example_batch: a batch (dict of arrays, this process's share) whose shapes the state is
-        initialised from; default: `batch_shapes(info, stage.batch_size)` (abstract, global).
+        initialised from; default: `batch_shapes(info, resolved.batch_size)` (abstract, global).
       info: the task's `info`; default: `sptlib.data.get_task(config.data).info` (reads the
         data's metadata; `sptlib.data.task_info(config.data)` avoids the disk).
       devices: the mesh's devices (default `jax.devices()`); may be TPU topology devices.
       abstract: allocate nothing: `state` is `ShapeDtypeStruct`s with shardings.
       train: False builds an evaluation-only stage (`optax.identity`, no train step).
+      resolved: the stage already resolved for these `devices` and `info` (`resolve_stage`);
+        default: resolved here.
 
     Returns:
       A `Stage`.
     """
     stage = config.stages[stage_name]
-    seed = stage_seed(config, stage_name)
-    if info is None:
-        info = data_lib.get_task(config.data).info
-    resolved = resolve_stage(config, stage_name, devices=devices, info=info)
+    if resolved is None:
+        if info is None:
+            info = data_lib.get_task(config.data).info
+        resolved = resolve_stage(config, stage_name, devices=devices, info=info)
+    info, seed = resolved.info, resolved.seed
     model_cfg, mesh, rules = resolved.model_cfg, resolved.mesh, list(resolved.rules)
     objective = objectives.make_objective(stage.objective, info, model_cfg)
     model = models.build_model(model_cfg, objective.head_cfg)
     if example_batch is None:
-        example_batch = batch_shapes(info, int(stage.batch_size),
+        example_batch = batch_shapes(info, resolved.batch_size,
                                      sharding=sharding.batch_sharding(mesh, rules))
 
     if train:
         abstract_vars, _ = steps.state_logical_specs(model, objective, example_batch)
+        peaks = {group: lr for group, lr, _ in resolved.learning_rates}
         optimizer = optim.make_optimizer(stage.optim, abstract_vars["params"],
-                                         max(1, int(stage.num_steps)))
+                                         max(1, resolved.num_steps), peaks)
     else:
         optimizer = optax.identity()  # the eval step never applies it
     if abstract:
@@ -135,7 +124,8 @@ def build_stage(config, stage_name: str, *, example_batch=None, info=None, devic
                   if train else None)
     eval_step = steps.make_eval_step(model, objective, mesh, shardings, rules)
     return Stage(name=stage_name, config=config, cfg=stage, seed=seed, info=info,
-                 objective=objective, model_cfg=model_cfg, model=model, mesh=mesh, rules=rules, optimizer=optimizer,
+                 objective=objective, model_cfg=model_cfg, model=model, mesh=mesh, rules=rules,
+                 optimizer=optimizer,
                  state=state, state_shardings=shardings, example_batch=example_batch,
                  train_step=train_step, eval_step=eval_step, resolved=resolved)
 

@@ -1,4 +1,4 @@
-"""Sharded train-state initialisation, jit-compiled train / eval steps, parameter fingerprints.
+"""Sharded train-state initialisation, jit-compiled train / eval steps, the parameters' fingerprint.
 
 Shardings come from the parameters' logical axis names (`nn.with_logical_partitioning`) through
 the config's logical-axis rules. Parameters are created directly in their shards (`jax.jit` with
@@ -6,32 +6,17 @@ the config's logical-axis rules. Parameters are created directly in their shards
 sharding; scalars and the rng are replicated.
 """
 
-import hashlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
-from jax.experimental import multihost_utils
 
+from sptlib.kernels import platform as platform_lib
 from sptlib.layers import param_groups
+from sptlib.train import checkpoint_io
+from sptlib.train import digest as digest_lib
 from sptlib.train import sharding as sharding_lib
 from sptlib.train.state import TrainState
-
-
-def _path_names(path):
-    """Key path -> tuple of strings (dict keys / attribute names / indices)."""
-    out = []
-    for k in path:
-        if isinstance(k, jax.tree_util.DictKey):
-            out.append(str(k.key))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            out.append(k.name)
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            out.append(str(k.idx))
-        else:
-            out.append(str(k))
-    return tuple(out)
 
 
 def _match_param_shardings(tree, param_shardings, params_abstract, default):
@@ -42,13 +27,13 @@ def _match_param_shardings(tree, param_shardings, params_abstract, default):
     """
     by_path = {}
     for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]:
-        by_path[_path_names(path)] = s
-    shapes = {_path_names(p): tuple(x.shape)
+        by_path[digest_lib.leaf_names(path)] = s
+    shapes = {digest_lib.leaf_names(p): tuple(x.shape)
               for p, x in jax.tree_util.tree_flatten_with_path(params_abstract)[0]}
     max_depth = max((len(k) for k in by_path), default=0)
 
     def one(path, leaf):
-        names = _path_names(path)
+        names = digest_lib.leaf_names(path)
         shape = tuple(getattr(leaf, "shape", ()))
         for n in range(min(len(names), max_depth), 0, -1):
             tail = names[-n:]
@@ -136,10 +121,7 @@ def init_train_state(model, optimizer, example_batch, rng, mesh, rules, objectiv
     rules = sharding_lib.normalize_rules(rules)
     state_shardings, make_state = _state_shardings_and_init(model, optimizer, example_batch,
                                                             mesh, rules, objective)
-    # The init program runs once; on CPU, XLA's backend optimisations of its many RNG calls
-    # cost seconds (4.7 s -> 1.0 s for a 1-layer model), so skip them there.
-    options = ({"xla_backend_optimization_level": 0}
-               if mesh.devices.flat[0].platform == "cpu" else None)
+    options = platform_lib.init_compiler_options(mesh.devices.flat[0].platform)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state = jax.jit(make_state, out_shardings=state_shardings,
                         compiler_options=options)(rng)
@@ -256,27 +238,9 @@ def _in_context(method, mesh, rules):
     return call
 
 
-def _host_array(x):
-    """The full value of a (possibly multi-process, sharded) array as NumPy, on every host."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
-
-
 def params_fingerprint(params):
-    """SHA-256 (hex) over the parameters' paths, dtypes, shapes and bytes in sorted-path order.
-
-    Every process must call it (arrays spread over processes are all-gathered); every process
-    gets the same string. Bitwise: any change of any parameter changes it.
-    """
-    flat = {"/".join(_path_names(p)): x
-            for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    h = hashlib.sha256()
-    for name in sorted(flat):
-        value = np.ascontiguousarray(_host_array(flat[name]))
-        h.update(name.encode())
-        h.update(str(value.dtype).encode())
-        h.update(str(value.shape).encode())
-        h.update(value.tobytes())
-    return h.hexdigest()
-
+    """SHA-256 (hex) of the parameters' digests (`sptlib.train.digest`: path -> SHA-256 of dtype,
+    shape and bytes), the same digests a checkpoint records. Every process must call it (arrays
+    spread over processes are all-gathered); every process gets the same string. Bitwise: any
+    change of any parameter changes it."""
+    return digest_lib.json_digest(digest_lib.array_digests(params, checkpoint_io.to_host))

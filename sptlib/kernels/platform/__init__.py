@@ -14,7 +14,7 @@ platform, the fused kernels that compute the same functions faster:
 
 The platform is the one the step is traced for: the devices of the mesh in context
 (`jax.set_mesh`, as every sptlib step is traced), else JAX's default backend. So
-`sptlib.slices.aot` on a CPU host traces TPU kernels for a TPU slice, and nothing CPU-specific is
+`sptlib.protocol.aot` on a CPU host traces TPU kernels for a TPU slice, and nothing CPU-specific is
 probed on a TPU or GPU host. The chosen kernel is wrapped in `jax.lax.platform_dependent` with
 the jnp reference as the default branch, so a program lowered for another platform still gets
 the reference. `SPTLIB_NATIVE=0` turns the CPU kernels off (the reference then runs on CPU:
@@ -179,3 +179,22 @@ def attention(q, k, v, key_mask=None, *, causal=False, window=0, algorithm="plai
         from sptlib.kernels.platform import tpu  # deferred: TPU only (imports Pallas)
         branches["tpu"] = tpu.kernel_for(q, causal=causal, window=window, spec=spec)
     return on_platforms(ref, q, k, v, mask, **branches)
+
+
+# ----------------------------------------------------------------------------------------------
+# Step options: how a platform runs the train / eval steps (decided once, in train.resolve).
+# ----------------------------------------------------------------------------------------------
+
+def init_compiler_options(platform):
+    """`jax.jit` compiler options of the one-off state-init program on `platform` (None: the
+    defaults). The init program runs once; on CPU, XLA's backend optimisations of its many RNG
+    calls cost seconds (4.7 s -> 1.0 s for a 1-layer model), so they are skipped there."""
+    return {"xla_backend_optimization_level": 0} if platform == "cpu" else None
+
+
+def sync_each_step(platform, device_count):
+    """Whether the loop waits for each step's result before dispatching the next: XLA:CPU with
+    several (e.g. fake) devices can deadlock in collectives when executions overlap under async
+    dispatch on few cores (and a CPU has nothing to overlap with); accelerators keep
+    asynchronous dispatch."""
+    return platform == "cpu" and device_count > 1

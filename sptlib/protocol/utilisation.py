@@ -2,7 +2,7 @@
 
 `compiler_bound(cost, spec)` turns `compiled.cost_analysis()` into the best-case step time and
 XLA's FLOPs; `utilisation(rec, spec, mfu)` gives the model-FLOP bound, the compiler ratio and
-chip-hours of a stage record from them (the definitions: the `sptlib.slices.aot` docstring);
+chip-hours of a stage record from them (the definitions: the `sptlib.protocol.aot` docstring);
 `format_row` / `markdown` print records (docs/benchmarks.md's table).
 """
 
@@ -19,7 +19,7 @@ def compiler_bound(cost, spec):
     `optimal_seconds` is the step's time if every op ran at its roofline (peak FLOP/s or HBM
     bandwidth, whichever binds), with no stalls, no imperfect overlap and no launch overheads:
     a best case, not a prediction. A scanned loop's body is costed once (the rest of the step
-    in full), so this is unbiased only for a step without such loops (`sptlib.slices.aot`). A
+    in full), so this is unbiased only for a step without such loops (`sptlib.protocol.aot`). A
     Pallas call is priced at the roofline of its declared `CostEstimate` (none: no cost); a
     negative or missing `optimal_seconds` means no estimate (e.g. `--effort=0`): None.
     Returns {xla_flops (all chips), bound_seconds}.

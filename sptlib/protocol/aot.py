@@ -49,12 +49,12 @@ from ml_collections import config_flags
 from sptlib import data as data_lib
 from sptlib.protocol import compare_jobs
 from sptlib.slices import meshes, topologies
-from sptlib.slices.utilisation import (  # noqa: F401 - part of this module's API
+from sptlib.protocol.utilisation import (  # noqa: F401 - part of this module's API
     _gib, compiler_bound, format_row, markdown, utilisation)
 from sptlib.configs import common
 from sptlib.train import flops, setup
 
-INSTALL_HINT = ("sptlib.slices.aot needs libtpu to compile for TPUs (this machine needs no TPU): "
+INSTALL_HINT = ("sptlib.aot needs libtpu to compile for TPUs (this machine needs no TPU): "
                 "install sptlib's tpu extra (pip install -e '.[tpu]' in a clone, "
                 "'sptlib-<version>-py3-none-any.whl[tpu]' from a wheel) or "
                 "pip install 'libtpu==0.0.42.*'")
@@ -64,7 +64,7 @@ PAPER_GRID = (("lra.py", ("listops", "text", "retrieval", "image", "pathfinder",
               ("scifar.py", (None,)), ("speech_commands.py", (None,)))
 PAPER_MODELS = ("transformer", "s4")
 PAPER_REGIME = "spt-masked"  # pretrain + finetune; scratch compiles to the finetune step
-from sptlib.slices.aot_flags import FAST_EFFORT, define_flags  # noqa: F401 (re-exported)
+from sptlib.protocol.aot_flags import FAST_EFFORT, define_flags  # noqa: F401 (re-exported)
 
 
 class DoesNotFit(Exception):
@@ -154,10 +154,10 @@ def compile_stage(name, config, stage_name, spec, devices, mfu, effort=FAST_EFFO
                 f"{where}: stages.{stage_name}.{field}={stage[field]} does not divide over the "
                 f"{mesh_batch} data-parallel chips (mesh {dict(built.mesh.shape)}); use a "
                 f"multiple of {mesh_batch} or another config.mesh")
-    eval_batch = setup.batch_shapes(built.info, int(stage.eval_batch_size or stage.batch_size),
+    eval_batch = setup.batch_shapes(built.info, built.resolved.eval_batch_size,
                                     sharding=built.example_batch["mask"].sharding)
     rec = {"config": name, "stage": stage_name, "slice": spec.name, "chips": spec.num_devices,
-           "mesh": dict(built.mesh.shape), "batch_size": int(stage.batch_size),
+           "mesh": dict(built.mesh.shape), "batch_size": built.resolved.batch_size,
            "objective": stage.objective.kind, "task": config.data.task,
            "model": config.model.mixer, "steps": int(stage.num_steps),
            "hbm_bytes": spec.hbm_bytes, "num_params": built.num_params,
@@ -280,7 +280,7 @@ def run(configs, *, topology="", stage_only="", mfu=0.4, effort=FAST_EFFORT, job
 def main(argv):
     FLAGS = flags.FLAGS  # noqa: N806
     if len(argv) > 1:
-        print(f"sptlib.slices.aot: error: unexpected arguments {argv[1:]}: every input is a "
+        print(f"sptlib.aot: error: unexpected arguments {argv[1:]}: every input is a "
               f"--flag", file=sys.stderr)
         sys.exit(2)
     if importlib.util.find_spec("libtpu") is None:
@@ -294,7 +294,7 @@ def main(argv):
     elif FLAGS.config is not None:
         configs = [(_config_name(), FLAGS.config)]
     else:
-        print("sptlib.slices.aot: error: pass --config=experiments/X.py[:arg] or --all",
+        print("sptlib.aot: error: pass --config=experiments/X.py[:arg] or --all",
               file=sys.stderr)
         sys.exit(2)
     try:
@@ -305,7 +305,7 @@ def main(argv):
                                 jobs=FLAGS.jobs or len(compare_jobs.usable_cores()),
                                 on_record=_write_json if FLAGS.json else None)
     except ValueError as e:  # a bad --topology, config or stage name: bad input
-        print(f"sptlib.slices.aot: error: {e}", file=sys.stderr)
+        print(f"sptlib.aot: error: {e}", file=sys.stderr)
         sys.exit(2)
     if FLAGS.markdown:
         print(markdown(records, FLAGS.mfu))

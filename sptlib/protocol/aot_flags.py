@@ -1,4 +1,4 @@
-"""The flags of `python -m sptlib.aot` (`sptlib.slices.aot`), apart so that `--help` and flag
+"""The flags of `python -m sptlib.aot` (`sptlib.protocol.aot`), apart so that `--help` and flag
 errors parse without importing JAX."""
 
 from absl import flags
