@@ -6,7 +6,8 @@ pre-scaled, key_mask bool `[batch, length]`) that `sptlib.kernels.platform.atten
 TPU. Splash takes the mask as blocks: full, causal or a local band (`LocalMask`, left/right
 window), so its grid visits only the key blocks a query block needs. Key padding becomes segment
 ids (real keys segment 1, padding 0, every query 1), lengths are padded to a multiple of 128
-with padding keys, and the batch is a `vmap`.
+with padding keys, and the batch is a `vmap`. Heads narrower than 128 lanes reach splash
+sequence-minor (`[heads, head_dim, length]`), so HBM holds them unpadded.
 
 A Mosaic kernel cannot be partitioned automatically, so the call runs inside `jax.shard_map`
 over the mesh in context: batch and heads stay sharded as the caller's `spec` says
@@ -68,10 +69,11 @@ def _kernel(length, heads, head_dim, causal, window, interpret):
     b = _block(length)
     # The fused backward (one dkv kernel that also forms dq: 10 head_dim FLOPs and one exp per
     # pair, against 6 + 8 FLOPs and two exps for separate dq and dkv kernels) writes a partial
-    # dq per key block of the whole grid, [length / block_kv_dkv, heads, length, head_dim],
-    # whatever the mask empties, and sums it after; key blocks of 1024 halve that traffic
-    # (2048 overflow VMEM at PathX). Separate kernels would compute 18 head_dim FLOPs per pair
-    # where the model counts 12 (docs/benchmarks.md has both measured).
+    # dq (q's dtype, head_dim minor: padded to 128 lanes) per key block of the whole grid,
+    # [length / block_kv_dkv, heads, length, head_dim], whatever the mask empties, and sums it
+    # after; key blocks of 1024 halve that traffic. Separate kernels (18 head_dim FLOPs per
+    # pair where the model counts 12) and 2048-key blocks (half the partial dq, more of each
+    # band's edge computed) trade one for the other: docs/benchmarks.md has both measured.
     bk = 2 * b if b == 512 and length % (2 * b) == 0 else b
     # Head-dim-minor q/k/v ([heads, length, head_dim]) pad a head_dim under 128 to 128 lanes in
     # HBM (4x the bytes at head_dim 32); sequence-minor ([heads, head_dim, length]) do not.
