@@ -208,9 +208,9 @@ TASKS: dict[str, TaskSpec] = {
         num_train=160_000, mask_rate=0.50,
         ssm=_PATHX_S4,
         # lra/transformer-lra-pathx-small.yaml, lra/transformer-lra-pathx-mlm-small.yaml
-        # remat off as ListOps (a memory/speed setting): recomputing each layer's attention
-        # forward cost the masked pretraining 24.8 -> 32.4% of its model-FLOP bound, at 5.4
-        # GiB per chip of 32 without remat (v4-16; docs/benchmarks.md).
+        # remat off as ListOps (a memory/speed setting): the masked pretraining's model-FLOP
+        # bound 24.8% with remat, 32.4% without (v4-16, 2026-12-06), 35.0% at 4.5 GiB per chip
+        # of 32 with the splash layout of 2026-12-07 (docs/benchmarks.md).
         transformer=Recipe(4, 128, 32, 5e-4, 0.0, 200, warmup_steps=5000, schedule="constant",
                            n_heads=4, ffn_mult=1, window=4096, pooling="max"),
         models=dict(
