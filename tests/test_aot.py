@@ -205,14 +205,15 @@ def test_cli_pathx_transformer_pretrain_fits_a_v4_8(tmp_path):
         rec["model_flops"] / (rec["chips"] * rec["bound_seconds"] * 275e12))
     assert rec["chip_hours_bound"] == pytest.approx(
         rec["steps"] * rec["chips"] * rec["bound_seconds"] / 3600)
-    # Recomputation (remat) and the kernels' extra work: compiler FLOPs above model FLOPs.
-    assert 1 < rec["compiler_ratio"] < 2
+    # The kernels' extra work (the backward recomputes QK^T; blocks on the band's edge are
+    # computed whole): compiler FLOPs above model FLOPs, though the preset has no remat.
+    assert 1 < rec["compiler_ratio"] < 1.5
     assert "bound" in out.stdout and "MFU" in out.stdout
 
 
 def test_cli_refuses_full_attention_at_pathx_in_one_line():
     # The preset's fixes undone: full L x L attention by the jnp reference (splash, the TPU
-    # kernel, never forms the score matrix), no rematerialisation.
+    # kernel, never forms the score matrix); without remat, as the preset.
     out = _aot(PATHX_TRANSFORMER, "--config.model.attention.impl=plain",
                "--config.model.attention.kernel=reference",
                "--config.model.attention.window=0", "--config.model.remat=False",

@@ -227,11 +227,13 @@ def test_windowed_attention_uses_the_local_kernel(task, model):
 
 
 def test_long_sequence_transformers_are_local_and_rematerialised():
-    for task, window in (("pathx", 4096), ("pathx256", 8192), ("speech_commands", 4000)):
+    # PathX's Transformer runs without remat (sptlib/configs/paper.py: 5.4 GiB per chip).
+    for task, window, remat in (("pathx", 4096, False), ("pathx256", 8192, True),
+                                ("speech_commands", 4000, True)):
         for model in ("transformer", "transformer-causal"):
             m = presets.build(task, model, "spt-masked").model
             assert (m.attention.impl, m.attention.window, m.remat, m.scan_layers) == (
-                "local", window, True, True), (task, model)
+                "local", window, remat, True), (task, model)
         assert presets.build(task, "s4", "spt-masked").model.remat
 
 

@@ -96,6 +96,22 @@ def test_splash_cost_estimate_of_a_full_mask_counts_the_grid():
     assert tpu.cost_estimate("some_other_kernel", grid, meta, [q], q) is None
 
 
+def test_splash_seq_minor_layout_under_128_lanes_and_its_cost_reads_head_dim():
+    """Heads narrower than 128 lanes go to splash sequence-minor (q `[heads, head_dim, length]`,
+    not padded to 128 lanes in HBM); the cost estimate then reads head_dim from the
+    second-to-last axis, not the length."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    seq_minor, head_minor = int(sk.QKVLayout.SEQ_MINOR), int(sk.QKVLayout.HEAD_DIM_MINOR)
+    for head_dim, layout in ((32, seq_minor), (64, seq_minor), (128, head_minor)):
+        kernel = tpu._kernel(1024, 2, head_dim, True, 0, True)
+        assert int(kernel.kwargs["block_sizes"].q_layout) == layout, head_dim
+    grid = (2, 4, 3)
+    meta = {"xprof_metadata": f'{{"block_q": 128, "block_kv": 128, "q_layout": {seq_minor}}}'}
+    q = jax.ShapeDtypeStruct((2, 32, 512), jnp.bfloat16)  # [heads, head_dim, length]
+    est = tpu.cost_estimate("splash_mha_fwd_segmented_no_residuals", grid, meta, [q, q, q], q)
+    assert est.flops == 4 * 32 * 2 * 4 * 3 * 128 * 128
+
+
 def test_splash_compiles_for_a_v4_chip_with_a_cost():
     """Lowered for a TPU (libtpu's compile-only devices), every splash call is costed: the
     compiled program's FLOPs include the kernels' estimate and the step has a time bound."""

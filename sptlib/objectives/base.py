@@ -3,7 +3,6 @@ the weighted cross-entropy."""
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from sptlib import vocab
 
@@ -20,7 +19,12 @@ def weighted_ce(logits, labels, weights):
       `(loss_sum, correct_sum)` scalars.
     """
     logits = logits.astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    # A one-hot product rather than a gather of the label's log-probability: the gather's
+    # gradient is a scatter-add that XLA on TPU runs as a serial update of the whole
+    # [..., classes] buffer (PathX causal pretraining, pixel256: 1.25 ms of a 26.7 ms step by
+    # libtpu's cost model).
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    ce = -jnp.sum(logp * jax.nn.one_hot(labels, logits.shape[-1], dtype=logp.dtype), axis=-1)
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     return jnp.sum(ce * weights), jnp.sum(correct * weights)
 

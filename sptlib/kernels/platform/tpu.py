@@ -6,7 +6,8 @@ pre-scaled, key_mask bool `[batch, length]`) that `sptlib.kernels.platform.atten
 TPU. Splash takes the mask as blocks: full, causal or a local band (`LocalMask`, left/right
 window), so its grid visits only the key blocks a query block needs. Key padding becomes segment
 ids (real keys segment 1, padding 0, every query 1), lengths are padded to a multiple of 128
-with padding keys, and the batch is a `vmap`.
+with padding keys, and the batch is a `vmap`. Heads narrower than 128 lanes reach splash
+sequence-minor (`[heads, head_dim, length]`), so HBM holds them unpadded.
 
 A Mosaic kernel cannot be partitioned automatically, so the call runs inside `jax.shard_map`
 over the mesh in context: batch and heads stay sharded as the caller's `spec` says
@@ -56,7 +57,7 @@ def _block(length):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(length, heads, causal, window, interpret):
+def _kernel(length, heads, head_dim, causal, window, interpret):
     """A splash kernel for `[heads, length, head_dim]` (length a multiple of 128)."""
     shape = (length, length)
     if window:
@@ -66,17 +67,21 @@ def _kernel(length, heads, causal, window, interpret):
     else:
         mask = masks.FullMask(shape)
     b = _block(length)
-    # The fused backward (one dkv kernel that also forms dq: 10 head_dim FLOPs per pair against
-    # 6 + 8 for separate dq and dkv kernels) writes a float32 partial dq per key block of its
-    # grid, [length / block_kv_dkv, heads, length, head_dim], and sums it after; key blocks of
-    # 1024 halve that traffic. libtpu's best case, one layer's attention forward + backward on
-    # a v4 chip in bf16 (fused 512 / fused with 1024 key blocks / separate dq, dkv kernels):
-    # PathX causal band (B 4, L 16384, 4 x 32, window 4096) 5.36 / 4.41 / 4.23 ms,
-    # bidirectional 7.30 / 6.32 / 7.03; Text causal (B 8, L 4096, 8 x 64) 3.54 / 3.42 / 3.91;
-    # ListOps (L 2048) 1.52 / 1.45 / 1.80. Key blocks of 2048 overflow VMEM (16 MiB) at PathX.
+    # The fused backward (one dkv kernel that also forms dq: 10 head_dim FLOPs and one exp per
+    # pair, against 6 + 8 FLOPs and two exps for separate dq and dkv kernels) writes a partial
+    # dq (q's dtype, head_dim minor: padded to 128 lanes) per key block of the whole grid,
+    # [length / block_kv_dkv, heads, length, head_dim], whatever the mask empties, and sums it
+    # after; key blocks of 1024 halve that traffic. Separate kernels (18 head_dim FLOPs per
+    # pair where the model counts 12) and 2048-key blocks (half the partial dq, more of each
+    # band's edge computed) trade one for the other: docs/benchmarks.md has both measured.
     bk = 2 * b if b == 512 and length % (2 * b) == 0 else b
+    # Head-dim-minor q/k/v ([heads, length, head_dim]) pad a head_dim under 128 to 128 lanes in
+    # HBM (4x the bytes at head_dim 32); sequence-minor ([heads, head_dim, length]) do not.
+    layout = (splash.QKVLayout.SEQ_MINOR if head_dim < LANES
+              else splash.QKVLayout.HEAD_DIM_MINOR)
     sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
-                              block_kv_dkv=bk, block_kv_dkv_compute=bk, use_fused_bwd_kernel=True)
+                              block_kv_dkv=bk, block_kv_dkv_compute=bk, use_fused_bwd_kernel=True,
+                              q_layout=layout, k_layout=layout, v_layout=layout)
     kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
                                     q_seq_shards=1, block_sizes=sizes, interpret=interpret)
     fn = getattr(mask, "mask_function", None)
@@ -93,6 +98,14 @@ def computed_blocks(mask, block_shape) -> int:
     return int(np.count_nonzero(np.asarray(info.block_mask)))
 
 
+def _splash_call(kernel, q, k, v, key_mask):
+    """`kernel` over the batch of head-major q/k/v `[batch, heads, length, head_dim]`;
+    key_mask `[batch, length]` (padding keys become segment 0, every query segment 1)."""
+    seg = splash.SegmentIds(q=jnp.ones((q.shape[0], q.shape[2]), jnp.int32),
+                            kv=key_mask.astype(jnp.int32))
+    return jax.vmap(kernel)(q, k, v, segment_ids=seg)
+
+
 def splash_attention(q, k, v, key_mask, *, causal=False, window=0, interpret=False):
     """One shard's attention by splash (see the module docstring); shapes as the contract."""
     batch, length, heads, head_dim = q.shape
@@ -104,11 +117,9 @@ def splash_attention(q, k, v, key_mask, *, causal=False, window=0, interpret=Fal
         pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
         q, k, v = (jnp.pad(a, pad) for a in (q, k, v))
         key_mask = jnp.pad(key_mask, [(0, 0), (0, padded - length)])
-    kernel = _kernel(padded, heads, bool(causal), int(window), bool(interpret))
-    seg = splash.SegmentIds(q=jnp.ones((batch, padded), jnp.int32),
-                            kv=key_mask.astype(jnp.int32))
+    kernel = _kernel(padded, heads, head_dim, bool(causal), int(window), bool(interpret))
     heads_major = lambda a: a.transpose(0, 2, 1, 3)  # [batch, heads, length, head_dim]
-    out = jax.vmap(kernel)(heads_major(q), heads_major(k), heads_major(v), segment_ids=seg)
+    out = _splash_call(kernel, heads_major(q), heads_major(k), heads_major(v), key_mask)
     return out.transpose(0, 2, 1, 3)[:, :length].astype(v.dtype)
 
 
@@ -167,7 +178,10 @@ def cost_estimate(name, grid, metadata, operands, out_shape, mask_function=None)
     per_head = _COMPUTED_BLOCKS.get(mask_function, {}).get(phase)
     blocks = heads * per_head if per_head is not None else int(np.prod(grid))
     pairs = blocks * bq * bkv
-    head_dim = floats[0].shape[-1]
+    # q comes [heads, length, head_dim], or [heads, head_dim, length] in splash's SEQ_MINOR
+    # layout (xprof_metadata's q_layout 2), its first float operand either way.
+    seq_minor = sizes.get("q_layout") == int(splash.QKVLayout.SEQ_MINOR)
+    head_dim = floats[0].shape[-2 if seq_minor else -1]
     outs = [o for o in jax.tree.leaves(out_shape) if o is not None]
     # The fused dkv kernel has a fourth float result, dq (dq, dk, dv beside its residuals).
     fused = phase == "dkv" and sum(1 for o in outs if len(o.shape) >= 2
