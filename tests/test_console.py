@@ -192,7 +192,10 @@ def test_cli_run_is_quiet_logs_in_its_workdir_and_writes_nothing_outside(tmp_pat
     for d in (cwd, home):
         d.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XDG_CACHE_HOME")}
+    # (the native kernels stay in the cache they were built in: a new HOME would rebuild them)
+    kernels = env.get("SPTLIB_KERNEL_CACHE") or os.path.expanduser("~/.cache/sptlib/kernels")
     env.update(JAX_PLATFORMS="cpu", SPTLIB_DATA=str(data), HOME=str(home),
+               SPTLIB_KERNEL_CACHE=kernels,
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     s = "--config.stages.scratch."
     cmd = [sys.executable, "-m", "sptlib.main", "--config=experiments/smoke.py", "--workdir=wd",
