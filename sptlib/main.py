@@ -71,7 +71,7 @@ def _main(argv, prepare):
         return
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
     from sptlib.protocol import stages
-    from sptlib.train import results as results_lib
+    from sptlib.train import results as results_lib  # with stages: heavy, after the flags
     stages.run(_CONFIG.value, _WORKDIR.value)
     where = _WORKDIR.value.rstrip("/")
     log = "" if "://" in where else f"; log: {where}/{console.LOG_FILE}"
