@@ -73,7 +73,7 @@ def test_two_jobs_run_disjoint_halves_then_one_table(tmp_path):
     assert all(ln.startswith("W") and "truncated at max_length" in ln
                for ln in p.stderr.splitlines()), p.stderr[-3000:]
     assert "[scratch] step 4/4" in (wd / "attention/scratch/seed1/log.txt").read_text()
-    assert "2 runs, 0 already finished" in (wd / "log.shard1of2.txt").read_text()
+    assert "1 runs, 0 already finished, 1 to run" in (wd / "log.shard1of2.txt").read_text()
     # The rerun-without---shard advice is for a --shard the user passed, not for --jobs's shards.
     assert "without --shard" not in p.stdout + p.stderr
     shards = [json.loads((wd / f"comparison.shard{i}of2.json").read_text()) for i in range(2)]
