@@ -5,6 +5,9 @@
     python -m sptlib.main --config=experiments/smoke.py --print_config   # the resolved run
 
 Also installed as the `spt-train` console script. Re-running the same command resumes.
+What it prints (`sptlib.console`): a progress bar per stage where stderr is a terminal, a line per
+finished stage on stdout, warnings and errors on stderr; every detail goes to `<workdir>/log.txt`
+(`--verbose`: to stderr as well).
 Bad input (a config key, a data file, a checkpoint of another config, ...) is ONE line on stderr
 naming what to fix, exit status 2; `--verbose` or SPTLIB_TRACEBACK=1 adds the traceback. A stop on
 request (SIGTERM) exits with 3, a diverged run with 2; their checkpoints are kept.
@@ -16,6 +19,7 @@ import json
 from absl import app
 from absl import flags
 
+from sptlib import console
 from sptlib import errors
 from sptlib.configs import common
 from sptlib import logs
@@ -37,10 +41,15 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv, prepare=None):
     """Runs the parsed command; `prepare()` first, once the arguments are known to be good."""
+    console.setup(PROG, verbose=_VERBOSE.value)
     try:
         _main(argv, prepare)
     except errors.SptlibError as e:
+        console.close_bars()  # the error's line must not land on a bar's line
         raise SystemExit(errors.report(e, PROG, verbose=_VERBOSE.value or None)) from None
+    except BaseException:
+        console.close_bars()
+        raise
 
 
 def _main(argv, prepare):
@@ -62,7 +71,11 @@ def _main(argv, prepare):
         return
     # Imported here so that `--help` and flag errors stay fast (JAX, TF, orbax are heavy).
     from sptlib.protocol import stages
+    from sptlib.train import results as results_lib  # with stages: heavy, after the flags
     stages.run(_CONFIG.value, _WORKDIR.value)
+    where = _WORKDIR.value.rstrip("/")
+    log = "" if "://" in where else f"; log: {where}/{console.LOG_FILE}"
+    console.result(f"Results: {where}/{results_lib.RESULTS_FILE}{log}")
 
 
 def _prepare_process():

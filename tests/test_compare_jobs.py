@@ -61,14 +61,26 @@ def test_two_jobs_run_disjoint_halves_then_one_table(tmp_path):
                         f"--workdir={wd}", "--jobs=2"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "job 2/2: shard 1/2" in p.stdout
+    log = (wd / "log.txt").read_text()
+    assert "job 2/2: shard 1/2" in log
+    # One display: the parent prints a line per run its workers finished, each once; the
+    # workers' details are in their own files, nothing on stderr.
+    runs = [ln for ln in p.stdout.splitlines() if ln.startswith("[compare] ") and "seed" in ln]
+    assert sorted(ln.split(" ")[1] for ln in runs) == ["1/2", "2/2"], p.stdout
+    assert sorted(ln.split(" ")[2] for ln in runs) == ["attention/scratch/seed0:",
+                                                       "attention/scratch/seed1:"], p.stdout
+    # (this config truncates examples on purpose: those warnings, once per process, are all)
+    assert all(ln.startswith("W") and "truncated at max_length" in ln
+               for ln in p.stderr.splitlines()), p.stderr[-3000:]
+    assert "[scratch] step 4/4" in (wd / "attention/scratch/seed1/log.txt").read_text()
+    assert "1 runs, 0 already finished, 1 to run" in (wd / "log.shard1of2.txt").read_text()
     # The rerun-without---shard advice is for a --shard the user passed, not for --jobs's shards.
     assert "without --shard" not in p.stdout + p.stderr
     shards = [json.loads((wd / f"comparison.shard{i}of2.json").read_text()) for i in range(2)]
     seeds = [[r["seed"] for r in records] for records in shards]
     assert sorted(seeds) == [[0], [1]]
     # The parent found both runs finished and wrote the table of both.
-    assert "2 runs, 2 already finished, 0 to run" in p.stdout
+    assert "2 runs, 2 already finished, 0 to run" in log
     table = (wd / "comparison.md").read_text()
     assert "(2)" in table
     # One generation only: no folder moved aside by a second generator.

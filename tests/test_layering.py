@@ -10,7 +10,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # JAX-free modules every layer but the pure kernels may use (errors, ids, logging, the user's
 # objects by import path, the slices' mesh presets and topologies).
-FOUNDATION = {"errors", "write_errors", "vocab", "logs", "import_path", "config_paths", "cli_help", "slices.meshes", "slices.topologies"}
+FOUNDATION = {"errors", "write_errors", "vocab", "logs", "console", "import_path", "config_paths",
+              "cli_help", "slices.meshes", "slices.topologies"}
 # What each layer may import from sptlib; "tools" (stages, compare, aot, bench, the CLIs and
 # the experiment files, sptlib/experiments/) may import everything.
 ALLOWED = {

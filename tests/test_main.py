@@ -39,7 +39,12 @@ def _run(cmd, timeout=300, env=None):
     return p, time.time() - t0
 
 
-def _check_smoke_workdir(wd, lra, stderr):
+def _log(wd, since=0):
+    """The run's log.txt (sptlib.console) from character `since` on: what an invocation added."""
+    return (wd / "log.txt").read_text()[since:]
+
+
+def _check_smoke_workdir(wd, lra, log):
     """The files the smoke run must leave: per stage and the summary."""
     assert (lra / "listops-1000" / "basic_train.tsv").exists()
     summary = json.loads((wd / "results.json").read_text())
@@ -69,8 +74,8 @@ def _check_smoke_workdir(wd, lra, stderr):
     pre = json.loads((wd / "pretrain" / "results.json").read_text())
     assert fin["init"]["kind"] == "init_from"
     assert fin["init"]["checkpoint"].endswith(f"pretrain/checkpoints/{pre['best_step']}")
-    # Progress lines with steps/s and ETA.
-    assert re.search(r"\[pretrain\] step 10/30 \(33%\) [0-9.]+ steps/s, ETA", stderr)
+    # Progress lines with steps/s and ETA, in the log file.
+    assert re.search(r"\[pretrain\] step 10/30 \(33%\) [0-9.]+ steps/s, ETA", log)
 
 
 def _kill_after_first_checkpoint(cmd, workdir, sig=signal.SIGKILL):
@@ -110,13 +115,16 @@ def test_cli_end_to_end(tmp_path):
     p, wall = _run(_cmd(ref, lra))
     assert p.returncode == 0, p.stderr[-4000:]
     assert wall < SMOKE_LIMIT_S, f"smoke run took {wall:.1f}s"
-    _check_smoke_workdir(ref, lra, p.stderr)
+    assert p.stderr == "", p.stderr[-3000:]  # the details are in log.txt
+    _check_smoke_workdir(ref, lra, _log(ref))
 
     # 2. The same command again resumes: nothing is trained or rewritten.
     before = {s: (ref / s / "results.json").read_text() for s in ("pretrain", "finetune")}
+    seen = len(_log(ref))
     p, _ = _run(_cmd(ref, lra))
     assert p.returncode == 0, p.stderr[-4000:]
-    assert "[pretrain] already finished" in p.stderr and "[finetune] already finished" in p.stderr
+    assert "[pretrain] already finished" in _log(ref, seen)
+    assert "[finetune] already finished" in _log(ref, seen)
     for s, text in before.items():
         assert (ref / s / "results.json").read_text() == text
 
@@ -124,10 +132,11 @@ def test_cli_end_to_end(tmp_path):
     killed = tmp_path / "killed"
     cmd = _cmd(killed, lra, "--config.stage_order=('pretrain',)")
     _kill_after_first_checkpoint(cmd, killed)
+    seen = len(_log(killed))
     p, _ = _run(cmd)
     assert p.returncode == 0, p.stderr[-4000:]
-    m = re.search(r"\[pretrain\] resuming from its checkpoint at step (\d+)", p.stderr)
-    assert m and 10 <= int(m.group(1)) < 30, p.stderr[-3000:]
+    m = re.search(r"\[pretrain\] resuming from its checkpoint at step (\d+)", _log(killed, seen))
+    assert m and 10 <= int(m.group(1)) < 30, _log(killed, seen)[-3000:]
     resumed = json.loads((killed / "pretrain" / "results.json").read_text())
     reference = json.loads((ref / "pretrain" / "results.json").read_text())
     assert resumed["resumed_at_step"] == int(m.group(1))
@@ -145,17 +154,19 @@ def test_cli_end_to_end(tmp_path):
     err = _kill_after_first_checkpoint(cmd_t, termed, signal.SIGTERM)
     stopped = int(re.search(r"stopped at step (\d+)", err).group(1))
     assert (termed / "pretrain" / "checkpoints" / str(stopped)).is_dir()
+    seen = len(_log(termed))
     p, _ = _run(cmd_t)
     assert p.returncode == 0, p.stderr[-4000:]
-    assert f"resuming from its checkpoint at step {stopped}" in p.stderr
+    assert f"resuming from its checkpoint at step {stopped}" in _log(termed, seen)
     termed_res = json.loads((termed / "pretrain" / "results.json").read_text())
     assert termed_res["params_fingerprint"] == reference["params_fingerprint"]
 
     # 4. Resume onto another mesh: 10 more steps on 2 (fake CPU) devices, data-parallel.
+    seen = len(_log(killed))
     p, _ = _run(cmd + ["--config.stages.pretrain.num_steps=40", "--config.mesh.data=2"],
                 env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     assert p.returncode == 0, p.stderr[-4000:]
-    assert "[pretrain] resuming from its checkpoint at step 30" in p.stderr
+    assert "[pretrain] resuming from its checkpoint at step 30" in _log(killed, seen)
     more = json.loads((killed / "pretrain" / "results.json").read_text())
     assert more["final_step"] == 40 and more["resumed_at_step"] == 30
     assert [h["step"] for h in more["history"]] == [10, 20, 30, 40]

@@ -13,6 +13,7 @@ import os
 import ml_collections
 
 from sptlib.configs import variants
+from sptlib.data.config import data_root
 from sptlib.configs.paper import TASKS, Recipe
 from sptlib.configs.presets import add_compare, apply_regime, set_model, set_optim
 from sptlib.train import config as train_config
@@ -36,7 +37,7 @@ def listops(model: str, regime: str, *, num_train: int, num_eval: int, min_lengt
     max_length` source tokens). Masked SPT masks 10% of the tokens (the paper's ListOps rate)
     unless `mask_rate` is given. `kwargs`: see `comparison`."""
     data = dict(task="listops", input_type="tokens", max_length=max_length,
-                lra_dir=os.path.join("data", f"listops_gen_seed{data_seed}_n{num_train}"
+                lra_dir=os.path.join(data_root(), f"listops_gen_seed{data_seed}_n{num_train}"
                                      f"_len{min_length}-{max_length}"))
     generate = dict(enabled=True, seed=data_seed, num_train=num_train, num_val=num_eval,
                     num_test=num_eval, min_length=min_length, max_length=max_length)

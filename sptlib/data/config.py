@@ -4,9 +4,23 @@
 Zero / empty values mean "the task's default" (e.g. `max_length=0` -> 2000 for ListOps).
 """
 
+import os
+
 import ml_collections
 
 from sptlib.data import lm, user_files
+
+DATA_ENV = "SPTLIB_DATA"
+
+
+def data_root() -> str:
+    """The folder for task data sptlib generates or a user downloads once, when a config names
+    none: `$SPTLIB_DATA`, else `$XDG_CACHE_HOME/sptlib/data`, else `~/.cache/sptlib/data`.
+    Never the current folder: a run writes nothing outside its workdir unless asked to."""
+    if os.environ.get(DATA_ENV):
+        return os.path.abspath(os.path.expanduser(os.environ[DATA_ENV]))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(cache), "sptlib", "data")
 
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
          "speech_commands", "fashion_mnist", "lines", "code_lm", "pg19", "lm1b",
@@ -25,8 +39,9 @@ def data_config():
     # `files` below; sptlib/data/user_files.py, docs/your_data.md) | "package.module:build" (the
     # user's own builder, `build(config.data) -> sptlib.data.registry.Task`; docs/data.md).
     c.task = "listops"
-    # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...).
-    c.lra_dir = "lra_release"
+    # Folder that holds the LRA release layout (`listops-1000/`, `tsv_data/`, `pathfinder32/`, ...);
+    # default `<data_root()>/lra_release` (generated smoke / quickstart sets land there too).
+    c.lra_dir = os.path.join(data_root(), "lra_release")
     # Folder of the raw Speech Commands v0.02 release (35 word folders, validation_list.txt,
     # testing_list.txt; sptlib/data/speech_commands.py).
     c.speech_commands_dir = "speech_commands_v0.02"

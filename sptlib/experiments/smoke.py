@@ -2,8 +2,9 @@
 
     python -m sptlib.main --config=experiments/smoke.py --workdir=/tmp/spt_smoke
 
-Generates a small ListOps set under `config.data.lra_dir` (default `lra_release/` relative to the
-current folder; override with --config.data.lra_dir=DIR) when that folder holds none. Expected: both
+Generates a small ListOps set under `config.data.lra_dir` (default `lra_release/` in the data folder:
+$SPTLIB_DATA, else ~/.cache/sptlib/data; override with --config.data.lra_dir=DIR) when that folder
+holds none. Expected: both
 stages finish (~30 steps each); validation accuracy is near chance (~0.2) at this size — the run
 checks the plumbing (checkpoints, transfer, results), not the method.
 """

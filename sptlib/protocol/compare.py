@@ -41,6 +41,8 @@ from etils import epath
 import ml_collections
 from ml_collections import config_flags
 
+from sptlib import console
+from sptlib.protocol import compare_display as display
 from sptlib.protocol import compare_jobs
 from sptlib.protocol import equal_compute
 from sptlib.protocol.grid import RunSpec, expand, run_dir  # noqa: F401 (re-exported)
@@ -68,7 +70,7 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
                    title: str = "Comparison", length_factors: Sequence[float] = (),
                    length_eval_fn: Callable | None = None, report_only: bool = False,
                    shard: tuple[int, int] | None = None, deferred_only: bool = False,
-                   log: Callable[[str], None] = print) -> tuple[list[dict], dict]:
+                   log: Callable[[str], None] = logging.info) -> tuple[list[dict], dict]:
     """Runs every spec not yet finished, then writes comparison.json / .md and plots.
 
     Args:
@@ -84,7 +86,8 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
         write their records to `comparison.shard<i>of<n>.json` (no table: other shards may
         still be running). `deferred_only`: split only the deferred seeds whose lr sweep has
         finished (`compare_jobs.run_rounds`).
-      log: progress printer.
+      log: the details (`logging.info`: the log file, stderr with --verbose); a line per run
+        this call trains is also printed on stdout (`sptlib.console.result`).
 
     Returns:
       (records, {name: path of the written report files}).
@@ -112,14 +115,14 @@ def run_comparison(specs: Sequence[RunSpec], workdir: str, *,
         rec = _record_without_running(spec, report_only)
         if rec is None:
             done += 1
-            log(f"[compare] ({done}/{len(todo)}) {spec.name} -> {spec.workdir}")
-            rec = _run_one(spec, specs, run_fn, log,
+            where = f"({done}/{len(todo)}) {spec.name}"
+            log(f"[compare] {where} -> {spec.workdir}")
+            rec = _run_one(spec, specs, run_fn, log, where,
                            on_stop=lambda: _write_json(records, workdir, json_name))
+            console.result(display.run_line(done, len(todo), spec.name, rec))
         _add_extras(rec, spec, length_factors, length_eval_fn, report_only, log)
         records.append(rec)
         _write_json(records, workdir, json_name)  # partial progress is visible while running
-        if rec["status"] == "finished" and rec.get("test_accuracy") is not None:
-            log(f"[compare] {spec.name}: test accuracy {100 * rec['test_accuracy']:.2f}%")
     _write_json(records, workdir, json_name)
     if shard is not None:
         return records, {"json": os.path.join(workdir, json_name)}
@@ -169,7 +172,7 @@ def _record_without_running(spec, report_only):
     return None
 
 
-def _run_one(spec, specs, run_fn, log, on_stop) -> dict:
+def _run_one(spec, specs, run_fn, log, where, on_stop) -> dict:
     """Runs one cell; its record. A stop on request writes the records so far (`on_stop`) and
     stops the comparison; any other error is that cell's record, so the others still run."""
     epath.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
@@ -177,13 +180,15 @@ def _run_one(spec, specs, run_fn, log, on_stop) -> dict:
         log(f"[compare] {spec.name}: pretrain shared with another lr's run")
     t0 = time.time()
     try:
-        run_fn(spec.config, spec.workdir)
+        with console.task(where):  # its stages' progress bars say which run
+            run_fn(spec.config, spec.workdir)
         status = "finished" if _finished(spec) else "unfinished"
         return make_record(spec, load_results(spec.workdir), status=status,
                            wall_time_s=time.time() - t0)
     except KeyboardInterrupt:
         raise
     except errors.PreemptedError:
+        console.close_bars()
         # SIGTERM / preemption: the stage saved a checkpoint; stop the whole comparison
         # (rerunning the command resumes it) instead of moving on.
         on_stop()
@@ -191,16 +196,17 @@ def _run_one(spec, specs, run_fn, log, on_stop) -> dict:
         raise
     except errors.WorkdirBusyError as e:
         # Another live process trains this run (sptlib.train.lock): leave it alone.
-        log(f"[compare] SKIPPED {spec.name}: {errors.one_line(e)}")
         return make_record(spec, load_results(spec.workdir), status="unfinished",
                            error=errors.one_line(e), wall_time_s=time.time() - t0)
     except Exception as e:
-        logging.exception("Run %s failed", spec.name)
-        # Any other error: one broken cell must not lose the others.
+        # Any other error: one broken cell must not lose the others. The traceback is in its
+        # error.txt and its log.txt; stderr gets one line.
+        console.close_bars()
+        logging.error("[compare] run %s failed: %s (traceback: %s)", spec.name,
+                      errors.one_line(e), os.path.join(spec.workdir, "error.txt"))
         rec = make_record(spec, load_results(spec.workdir), status="failed",
                           error=f"{type(e).__name__}: {e}", wall_time_s=time.time() - t0)
         results_lib.write_text(os.path.join(spec.workdir, "error.txt"), traceback.format_exc())
-        log(f"[compare] FAILED {spec.name}: {type(e).__name__}: {e}")
         return rec
 
 
@@ -273,14 +279,20 @@ def parse_numbers(flag: str, values, kind=float, *, low=None, high=None, low_ope
 
 
 def main(argv):
+    console.setup("sptlib.compare", verbose=_VERBOSE.value, stage_results=False,
+                  results=not compare_jobs.is_worker())  # --jobs' parent reports its workers
     try:
         if len(argv) > 1:
             raise errors.ConfigError(f"unexpected arguments {argv[1:]}: every input is a --flag")
         logs.quiet_library_logs()
         return _main()
     except errors.SptlibError as e:
+        console.close_bars()  # the error's line must not land on a bar's line
         raise SystemExit(errors.report(e, "sptlib.protocol.compare", verbose=_VERBOSE.value or None)) \
             from None
+    except BaseException:
+        console.close_bars()
+        raise
 
 
 def _main():
@@ -307,12 +319,25 @@ def _main():
         for s in specs:
             print(f"{s.name:40s} stages={tuple(s.config.stage_order)} -> {s.workdir}")
         return
+    # The grid's own lines (each run's go to its folder); a shard has its own file, as its
+    # records, so that processes sharing the workdir do not interleave in one.
+    name = console.LOG_FILE if shard is None else f"log.shard{shard[0]}of{shard[1]}.txt"
+    with console.log_file(_WORKDIR.value, name=name):
+        _run(base, specs, filename, factors, shard)
+
+
+def _run(base, specs, filename, factors, shard):
     jobs = 1 if shard is not None or _REPORT_ONLY.value else compare_jobs.resolve_jobs(
         base.compare.get("jobs", 1) if _JOBS.value is None else _JOBS.value, len(specs))
+    if not _REPORT_ONLY.value:
+        todo = [s for s in specs if not _finished(_resolve(s, specs))]
+        console.result(display.start_line(len(specs), len(todo), jobs, _WORKDIR.value,
+                                          shard=shard))
     if jobs > 1:
         # Then the table below, from the finished runs (and any run left, here).
         compare_jobs.run_rounds(sys.argv[1:], jobs, data_config=specs[0].config.data,
-                                waiting=lambda: sweeps.waiting(specs, _val_accuracy, is_finished))
+                                waiting=lambda: sweeps.waiting(specs, _val_accuracy, is_finished),
+                                poll=display.ShardWatch(_WORKDIR.value, jobs, len(todo)))
     title = base.compare.get("title") or f"Comparison: {filename}"
     records, paths = run_comparison(specs, _WORKDIR.value, title=title, length_factors=factors,
                                     report_only=_REPORT_ONLY.value, shard=shard,
@@ -322,11 +347,6 @@ def _main():
             print(f"\nShard {shard[0]}/{shard[1]} records: {paths['json']}\nWhen every shard "
                   f"has finished, run the same command without --shard for the table and plots.")
         return
-    print(f"\nTable:  {paths['markdown']}\nRecords: {paths['json']}")
-    for k, v in paths.items():
-        if k not in ("markdown", "json"):
-            print(f"Plot:   {v}")
-    print()
-    print(epath.Path(paths["markdown"]).read_text())
+    console.result(display.summary(paths, _WORKDIR.value))
     if any(r["status"] != "finished" for r in records):
         sys.exit(1)

@@ -27,6 +27,7 @@ still holds: each run's workdir is locked (`sptlib.train.lock`).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -153,8 +154,12 @@ def _child_setup(pin, parent_pid):
 
 
 def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
-               log: Callable[[str], None] = print, cores: Sequence[int] | None = None) -> None:
+               log: Callable[[str], None] = logging.info, cores: Sequence[int] | None = None,
+               poll: Callable[[], None] | None = None) -> None:
     """Runs `python -m sptlib.compare argv --shard=i/jobs` for every i and waits for all.
+
+    The workers show nothing but warnings and errors (stderr, shared): `poll()`, called every
+    half second and once at the end, is how the parent reports their progress (one display).
 
     `data_config` (a run's `config.data`) is built once here first, so that generated files
     are written by one process, not raced for by every shard.
@@ -185,6 +190,10 @@ def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
     try:
         while any(p.poll() is None for p in procs):
             time.sleep(0.5)
+            if poll is not None:
+                poll()
+        if poll is not None:
+            poll()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -199,11 +208,13 @@ def run_shards(argv: Sequence[str], jobs: int, *, data_config=None,
     bad = [i for i, c in enumerate(codes) if c not in (0, 1)]
     if bad:
         raise errors.SptlibError(f"shard(s) {bad} of --jobs={jobs} exited with "
-                                 f"{[codes[i] for i in bad]}; their output is above")
+                                 f"{[codes[i] for i in bad]}; their errors are above, their "
+                                 f"logs in the workdir (log.shard<i>of{jobs}.txt)")
 
 
 def run_rounds(argv: Sequence[str], jobs: int, *, waiting: Callable[[], Sequence],
-               data_config=None, log: Callable[[str], None] = print) -> None:
+               data_config=None, log: Callable[[str], None] = logging.info,
+               poll: Callable[[], None] | None = None) -> None:
     """`run_shards`, then a second round for the runs that had to wait for another shard.
 
     A deferred seed (`config.compare.lr_seeds`) runs at the lr its cell's sweep chose, over the
@@ -212,8 +223,8 @@ def run_rounds(argv: Sequence[str], jobs: int, *, waiting: Callable[[], Sequence
     with `--shard_deferred`, splitting the deferred seeds whose sweep has finished (a set no run
     of the round changes, so the shards agree), instead of leaving them to one process.
     """
-    run_shards(argv, jobs, data_config=data_config, log=log)
+    run_shards(argv, jobs, data_config=data_config, log=log, poll=poll)
     left = len(waiting())
     if left > 1:
         log(f"[compare] {left} runs waited for another shard's lr sweep: a second round")
-        run_shards(list(argv) + ["--shard_deferred"], jobs, log=log)
+        run_shards(list(argv) + ["--shard_deferred"], jobs, log=log, poll=poll)

@@ -18,7 +18,9 @@ import time
 
 from absl import logging
 from etils import epath
+import jax
 
+from sptlib import console
 from sptlib import errors
 from sptlib import write_errors
 from sptlib.errors import PreemptedError, ResultsError
@@ -75,7 +77,9 @@ def run(config, workdir) -> dict:
     if lock is not None:
         lock.acquire()  # before anything is written: a busy workdir is one line, nothing touched
     try:
-        return _run(config, workdir)
+        # The details of this run go to its workdir (sptlib.console): log.txt, log.<i>.txt.
+        with console.log_file(workdir, jax.process_index()):
+            return _run(config, workdir)
     except KeyboardInterrupt:  # Ctrl-C outside a stage's loop (data, compile, evaluation)
         raise PreemptedError("interrupted (SIGINT) before a checkpoint of the current stage "
                              "could be saved; its last checkpoint is kept. Run the same "

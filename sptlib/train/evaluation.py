@@ -4,7 +4,6 @@ the best checkpoint that makes the stage's results."""
 import math
 import time
 
-from absl import logging
 import jax
 
 from sptlib.train import checkpoint_io
@@ -76,9 +75,9 @@ def final_evaluation(run, state) -> StageResults:
         train_steps_per_s=train_rate if math.isfinite(train_rate) else None,
         wall_time_s=time.time() - run.t_start, wall_time_total_s=run.wall_total())
     m = rule.best_metric
-    logging.info("[%s] finished at step %d in %s: best step %d (validation %s=%.4g), test %s "
-                 "best=%.4g last=%.4g.", name, step,
-                 metrics_lib.format_duration(results.wall_time_s), best_step, m,
-                 best_metrics["validation"].get(m, math.nan), m,
-                 best_metrics["test"].get(m, math.nan), last_metrics["test"].get(m, math.nan))
+    run.progress.finish(  # stdout (sptlib.main) and the log
+        f"finished at step {step} in {metrics_lib.format_duration(results.wall_time_s)}: best "
+        f"step {best_step} (validation {m}={best_metrics['validation'].get(m, math.nan):.4g}), "
+        f"test {m} best={best_metrics['test'].get(m, math.nan):.4g} "
+        f"last={last_metrics['test'].get(m, math.nan):.4g}.")
     return results

@@ -222,7 +222,7 @@ class _Run:
         self.confirmed = {s for s in self.ckpt.all_steps() if s < self.step or guards.finite(
             (self.ckpt.metrics(s) or {}).get("loss"))}
         self._resume_records()
-        self.progress = metrics_lib.Progress(self.step, num_steps, time.time)
+        self.progress = metrics_lib.Progress(self.step, num_steps, time.time, name, self.is_main)
         acc = None
         # Training to convergence stops after the evaluation that shows it (a resumed stage
         # whose checkpoint is that evaluation's does not train on).
@@ -323,10 +323,9 @@ class _Run:
         raise NonFiniteLossError(msg)
 
     def _log(self, values):
-        line = self.progress.line(self.step)
+        self.progress.log(self.step, values)  # the log line, the progress bar
         self.writer.write_scalars(self.step, metrics_lib.scalars_for_writer("train", values))
         self.writer.write_scalars(self.step, {"train/steps_per_s": self.progress.rate()})
-        logging.info("[%s] %s | %s", self.name, line, metrics_lib.format_metrics(values))
 
     def _validate(self, state):
         val = self.evaluate(state, "validation", self.stage.eval_steps)
@@ -339,8 +338,7 @@ class _Run:
         self.history.append(dict(val, step=self.step))
         _write_json(self.history_path, self.history)
         self.writer.write_scalars(self.step, metrics_lib.scalars_for_writer("validation", val))
-        logging.info("[%s] step %d validation: %s", self.name, self.step,
-                     metrics_lib.format_metrics(val))
+        self.progress.validation(self.step, val, self.stage.best_metric)
         if self.stage.best_metric not in val:
             raise KeyError(f"stages.{self.name}.best_metric={self.stage.best_metric!r} is not "
                            f"a validation metric; have {sorted(val)}")

@@ -15,10 +15,13 @@ import struct
 import time
 from typing import Any, Optional
 
+from absl import logging
 from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from sptlib import console
 
 
 def _as_pair(value):
@@ -140,14 +143,18 @@ def create_writer(logdir, *, is_main: bool):
 
 
 class Progress:
-    """Steps/s and ETA of the current run (counted from the step it started or resumed at)."""
+    """Steps/s and ETA of the current run (counted from the step it started or resumed at): the
+    INFO lines of the log file and, on a terminal, the stage's progress bar (`sptlib.console`)."""
 
-    def __init__(self, start_step: int, total_steps: int, clock):
+    def __init__(self, start_step: int, total_steps: int, clock, name: str = "",
+                 show: bool = True):
         self._clock = clock
         self.total = total_steps
+        self.name = name
         self._t0 = clock()
         self._s0 = start_step
         self._last_t, self._last_s = self._t0, start_step
+        self.bar = console.Bar(f"[{name}]", start_step, total_steps, show=show)
 
     def line(self, step: int) -> str:
         now = self._clock()
@@ -158,6 +165,21 @@ class Progress:
         self._last_t, self._last_s = now, step
         return (f"step {step}/{self.total} ({100.0 * step / self.total:.0f}%) "
                 f"{rate:.2f} steps/s, ETA {format_duration(eta)}")
+
+    def log(self, step: int, values: dict) -> None:
+        """A training window's metrics (`summarize`d): one INFO line, and the bar moves."""
+        logging.info("[%s] %s | %s", self.name, self.line(step), format_metrics(values))
+        self.bar.update(step, **({"loss": values["loss"]} if "loss" in values else {}))
+
+    def validation(self, step: int, values: dict, metric: str) -> None:
+        logging.info("[%s] step %d validation: %s", self.name, step, format_metrics(values))
+        if metric in values:
+            self.bar.update(step, **{f"val_{metric}": values[metric]})
+
+    def finish(self, text: str) -> None:
+        """Closes the bar; `text` (the stage's result) to stdout and the log file."""
+        self.bar.close()
+        console.result(f"[{self.name}] {text}", stage=True)
 
     def rate(self) -> float:
         return (self._last_s - self._s0) / (self._last_t - self._t0) \
