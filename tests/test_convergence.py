@@ -171,3 +171,22 @@ def test_real_tiny_run_stops_where_its_own_history_says(tmp_path):
     else:
         assert (res.final_step, res.stop_reason) == (expected, "patience")
         assert history[-1]["step"] == expected
+
+
+def test_missing_best_warns_only_when_the_kept_checkpoint_scores_worse(caplog):
+    """Validation accuracy ties (1.0 at steps 100 and 200) and orbax keeps the later checkpoint:
+    no warning (the quickstart printed one per seed). A genuinely better, deleted checkpoint
+    still warns, naming its step."""
+    import types
+    rule = types.SimpleNamespace(best_metric="accuracy", best_mode="max")
+    ckpt = types.SimpleNamespace(all_steps=lambda: [200, 300], directory="/wd/ckpt")
+    tie = [{"step": 100, "accuracy": 1.0}, {"step": 200, "accuracy": 1.0},
+           {"step": 300, "accuracy": 0.9}]
+    with caplog.at_level("WARNING"):
+        convergence.warn_missing_best(rule, "scratch", tie, ckpt, 200)
+    assert "gone" not in caplog.text
+    worse = [{"step": 100, "accuracy": 1.0}, {"step": 200, "accuracy": 0.95},
+             {"step": 300, "accuracy": 0.9}]
+    with caplog.at_level("WARNING"):
+        convergence.warn_missing_best(rule, "scratch", worse, ckpt, 200)
+    assert "step 100" in caplog.text and "gone" in caplog.text

@@ -75,7 +75,7 @@ def layer_specs(model_cfg):
     attention = dict(_as_dict(c.attention), dtype=dtype,
                      init_scheme=c.init_scheme)
     options = lambda name: attention if name == "attention" else _with_dtype(
-        name, _as_dict(c.get(name)), dtype, c.get("init_scheme", "linen"))
+        name, _as_dict(c.get(name)), dtype, c.init_scheme)
     if c.pattern == "uniform":
         return ((c.mixer, _freeze(options(c.mixer))),) * c.n_layers
     if c.pattern == "gss_hybrid":

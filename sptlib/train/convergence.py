@@ -93,6 +93,9 @@ def warn_missing_best(rule, name, history, ckpt, best_step) -> None:
     score, _, truth = max(scored)
     if truth == best_step or truth in ckpt.all_steps() or not math.isfinite(score):
         return
+    if any(h["step"] == best_step and score_of(h, rule.best_metric, rule.best_mode) == score
+           for h in history if rule.best_metric in h):
+        return  # a tie: the checkpoint kept scored as well (orbax keeps the later of equals)
     value = next(h[rule.best_metric] for h in history if h["step"] == truth)
     logging.warning("[%s] the best checkpoint, step %d (validation %s=%.4g in history.json), is "
                     "gone from %s (deleted or moved aside): best_step is recomputed among the "
