@@ -1,7 +1,7 @@
 r"""Selective vs LTI vs attention on the synthetic probes: a CPU-sized grid (issue 41).
 
     python -m sptlib.experiments.selective --out=DIR [--jobs=2] [--steps=N] [--models=a,b] [--tasks=a,b]
-        [--seeds=0,1,2]
+        [--seeds=0,1,2] [--init=linen|torch] [--eval-every=N] [--task-options=JSON]
 
 Grid: {mamba, mamba2, s4d, transformer} x {associative_recall (MQAR, 16 pairs, L = 128, key and
 value vocabularies of 16: every key occurs once per sequence; chance 1/16), selective_copying
@@ -16,7 +16,9 @@ held-out sequences, never used for a choice; accuracy over the answer positions
 (`sptlib.data.probes`) and the fraction of sequences with every answer right. Results:
 DIR/<model>_<task>_s<seed>_lr<lr>.json (a finished run is not repeated: the command resumes)
 and DIR/table.md (test accuracy at the chosen lr, mean ± 95% t-interval over the seeds; the
-chosen lr; each lr's validation accuracy).
+chosen lr; each lr's validation accuracy; steps to learn per seed: the first logged step whose
+training loss is below half of ln 16). `--eval-every` adds a validation curve to each record,
+`--init` the dense projections' initialisation, `--task-options` a pilot probe (own --out).
 
 The same probes also run through `sptlib.compare` (fixed training sets, SPT regimes included):
 `get_config` here is experiments/probes.py's, so
