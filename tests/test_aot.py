@@ -143,7 +143,10 @@ def test_unknown_slices_are_named_errors(name):
 
 
 @pytest.mark.parametrize("task,model", [
-    ("image", "transformer"), pytest.param("pathfinder", "s4", marks=pytest.mark.slow)])
+    # Both slow (61 s and more idle): the default suite compiles a paper-size step in
+    # test_cli_pathx_transformer_pretrain_fits_a_v4_8.
+    pytest.param("image", "transformer", marks=pytest.mark.slow),
+    pytest.param("pathfinder", "s4", marks=pytest.mark.slow)])
 def test_fast_compile_reports_at_least_the_pods_memory_at_paper_size(task, model):
     # `--effort=-1` (the default) is what lets `--all` finish on a CPU host. At paper size the
     # memory it plans is more than a pod's own (effort 0) compile plans (less fusion), so a fit

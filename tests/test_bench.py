@@ -16,6 +16,7 @@ from sptlib.bench import baselines, common, markdown, mixers, train_step
 REQUIRED = ("name", "kind", "length", "tokens_per_s", "peak_bytes", "seconds")
 
 
+@pytest.mark.slow  # 24 s idle; test_accelerator_report_tiny_on_cpu runs the bench code in the default suite
 def test_cli_reduced_quick_writes_valid_json_lines(tmp_path):
     md = tmp_path / "bench.md"
     md.write_text("# Benchmarks\n\nHand-written analysis.\n")

@@ -6,6 +6,7 @@ SIGKILLed after its first checkpoint and started again, must end with bitwise th
 running a finished workdir again must not train again.
 """
 
+import pytest
 import json
 import os
 import pathlib
@@ -106,6 +107,8 @@ def _kill_after_first_checkpoint(cmd, workdir, sig=signal.SIGKILL):
     return stderr
 
 
+@pytest.mark.slow  # 107 s idle; the default suite keeps the CLI covered by test_console (a quiet
+# run), test_exit_codes (SIGTERM -> 3, Ctrl-C -> 130) and test_faults; CI's wheel test runs the CLI
 def test_cli_end_to_end(tmp_path):
     """One test, so that pytest-xdist never runs the (expensive) reference smoke run twice."""
     lra = tmp_path / "lra"  # empty: the smoke config generates its small ListOps set here

@@ -131,7 +131,7 @@ def test_scan_equals_python_loop():
                                loop.apply({"params": p}, x, mask), atol=1e-5)
 
 
-@pytest.mark.parametrize("unroll", [2, 3])
+@pytest.mark.parametrize("unroll", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: odd, 20 s
 def test_scan_unroll_keeps_parameters_and_random_streams(unroll):
     """`scan_unroll` only changes the loop: the same init (bitwise), the same training-mode
     outputs (dropout on, same key) and the same gradients as the rolled scan."""
