@@ -6,7 +6,6 @@ SIGKILLed after its first checkpoint and started again, must end with bitwise th
 running a finished workdir again must not train again.
 """
 
-import pytest
 import json
 import os
 import pathlib
@@ -15,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE_LIMIT_S = float(os.environ.get("SPTLIB_SMOKE_LIMIT_S", "120"))
