@@ -1,7 +1,6 @@
 """Model FLOPs as PaLM counts them (`sptlib.train.flops.model_flops`) and the utilisation
 `sptlib.aot` derives from them, against hand counts."""
 
-import numpy as np
 import pytest
 
 from sptlib import data as data_lib
@@ -9,18 +8,14 @@ from sptlib.configs import presets, testing
 from sptlib.protocol import aot
 from sptlib.slices import topologies
 from sptlib.train import flops, setup
+from test_splash_costs import dense_keep  # noqa: E402 (tests/ is on sys.path under pytest)
 
 
 @pytest.mark.parametrize("length,causal,window", [
     (1, False, 0), (7, False, 0), (7, True, 0), (64, False, 5), (64, True, 5), (9, False, 8),
     (9, True, 3), (10, False, 100)])
 def test_attended_pairs_count_a_dense_mask(length, causal, window):
-    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
-    keep = np.ones((length, length), bool)
-    if causal:
-        keep &= j <= i
-    if window:
-        keep &= np.abs(i - j) <= window
+    keep = dense_keep(length, causal, window)
     assert flops.attended_pairs(length, causal=causal, window=window) == keep.sum()
 
 

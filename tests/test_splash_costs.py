@@ -13,16 +13,23 @@ from sptlib.kernels.platform import tpu
 BATCH, LENGTH, HEADS, HEAD_DIM, BLOCK, BLOCK_KV_DKV = 2, 2048, 3, 32, 512, 1024
 
 
-def _nonempty_blocks(length, block, causal, window, block_kv=None):
-    """Blocks of block x block_kv holding at least one kept (query, key) pair of the dense
-    mask."""
-    block_kv = block_kv or block
+def dense_keep(length, causal, window):
+    """`[length, length]` bool: the (query, key) pairs a causal and/or banded mask keeps,
+    written out densely (the independent truth of the block and pair counts)."""
     i, j = np.arange(length)[:, None], np.arange(length)[None, :]
     keep = np.ones((length, length), bool)
     if causal:
         keep &= j <= i
     if window:
         keep &= np.abs(i - j) <= window
+    return keep
+
+
+def _nonempty_blocks(length, block, causal, window, block_kv=None):
+    """Blocks of block x block_kv holding at least one kept (query, key) pair of the dense
+    mask."""
+    block_kv = block_kv or block
+    keep = dense_keep(length, causal, window)
     n, m = length // block, length // block_kv
     return int(keep.reshape(n, block, m, block_kv).any(axis=(1, 3)).sum())
 
