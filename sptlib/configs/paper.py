@@ -238,9 +238,13 @@ TASKS: dict[str, TaskSpec] = {
         # No released S4 PathX-256 config: the S4 PathX recipe at 256 x 256.
         ssm=_PATHX_S4,
         # lra/transformer-lra-pathx256(-mlm).yaml
+        # remat off as PathX (a memory/speed setting): with the band backward of 2026-12-07
+        # the masked pretraining's model-FLOP bound on a v4-64 is 50.2% at 3.8 GiB per chip
+        # against 37.1% with remat (`sptlib.aot`). The v4-64 dates from splash's own backward,
+        # when a v4-32 (per-chip batch 2) needed 42.2 GiB per chip; now a v4-32 fits (7.5 GiB,
+        # bound 47.5%).
         transformer=Recipe(4, 128, 32, 5e-4, 0.0, 200, warmup_steps=5000, schedule="constant",
-                           n_heads=4, ffn_mult=4, window=8192, pooling="max", remat=True,
-                           # Compiled for a v4-32 (per-chip batch 2): 42.2 GiB per chip.
+                           n_heads=4, ffn_mult=4, window=8192, pooling="max",
                            slice="v4-64"),
         target="pixel256", slice="v4-32",
         pretrain_eval_epochs=0.5,
@@ -267,9 +271,11 @@ TASKS: dict[str, TaskSpec] = {
                    remat=True, **_S4),
         # sc/transformer-sc(-lm).yaml. Released: a plateau schedule (patience 10 epochs) for
         # finetuning; see the deviations.
+        # remat off as PathX (a memory/speed setting): model-FLOP bound 39.4% at 2.5 GiB per
+        # chip of a v4-8 against 28.8% with remat (`sptlib.aot`, 2026-12-07, band backward).
         transformer=Recipe(4, 128, 16, 1e-3, 0.05, 200, schedule="constant", n_heads=4,
                            ffn_mult=1, window=4000, pooling="max", positions="rotary",
-                           remat=True, pretrain=dict(warmup_steps=2000)),
+                           pretrain=dict(warmup_steps=2000)),
         target="l1",
         paper="S4 ~96-98 (scratch, raw audio); SPT: paper section 3.7."),
 }

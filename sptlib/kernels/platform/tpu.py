@@ -7,7 +7,9 @@ TPU. Splash takes the mask as blocks: full, causal or a local band (`LocalMask`,
 window), so its grid visits only the key blocks a query block needs. Key padding becomes segment
 ids (real keys segment 1, padding 0, every query 1), lengths are padded to a multiple of 128
 with padding keys, and the batch is a `vmap`. Heads narrower than 128 lanes reach splash
-sequence-minor (`[heads, head_dim, length]`), so HBM holds them unpadded.
+sequence-minor (`[heads, head_dim, length]`), so HBM holds them unpadded. A local window's
+backward is not splash's but `tpu_band`'s (fed splash's forward residual): it computes only the
+band's blocks and writes its partial dQ unpadded and per band slot, not per key block.
 
 A Mosaic kernel cannot be partitioned automatically, so the call runs inside `jax.shard_map`
 over the mesh in context: batch and heads stay sharded as the caller's `spec` says
@@ -40,6 +42,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask_info as mask_info_lib)
 
+from sptlib.kernels.platform import tpu_band
+
 LANES = 128
 # Flash FLOPs per (query, key) pair and head_dim unit, by splash kernel phase: QK^T and PV
 # forward; the dq kernel recomputes QK^T, forms dP = dO V^T and dQ; the dkv kernel recomputes
@@ -56,9 +60,9 @@ def _block(length):
     return next(b for b in (512, 256, 128) if length % b == 0)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(length, heads, head_dim, causal, window, interpret):
-    """A splash kernel for `[heads, length, head_dim]` (length a multiple of 128)."""
+def _build_kernel(length, heads, head_dim, causal, window, interpret, save_residuals=False):
+    """A splash kernel for `[heads, length, head_dim]` (length a multiple of 128); with
+    `save_residuals` it returns `(out, (logsumexp [heads, length],))` and is forward-only."""
     shape = (length, length)
     if window:
         mask = masks.LocalMask(shape, window_size=(window, 0 if causal else window), offset=0)
@@ -83,12 +87,20 @@ def _kernel(length, heads, head_dim, causal, window, interpret):
                               block_kv_dkv=bk, block_kv_dkv_compute=bk, use_fused_bwd_kernel=True,
                               q_layout=layout, k_layout=layout, v_layout=layout)
     kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
-                                    q_seq_shards=1, block_sizes=sizes, interpret=interpret)
+                                    q_seq_shards=1, block_sizes=sizes, interpret=interpret,
+                                    save_residuals=save_residuals)
     fn = getattr(mask, "mask_function", None)
     if fn is not None:
         n = computed_blocks(mask, (b, b))
         _COMPUTED_BLOCKS[fn] = {"fwd": n, "dq": n, "dkv": computed_blocks(mask, (b, bk))}
     return kernel
+
+
+# Splash kernels are cached per shape. The forward-with-residuals kernel of a local window is
+# built afresh in each trace instead: inside `jax.shard_map` its mask metadata is traced, and a
+# custom_vjp's forward is traced again under differentiation, where a cached one would leak
+# the first trace's values (measured: "No constant handler for DynamicJaxprTracer").
+_kernel = functools.lru_cache(maxsize=None)(_build_kernel)
 
 
 def computed_blocks(mask, block_shape) -> int:
@@ -117,10 +129,48 @@ def splash_attention(q, k, v, key_mask, *, causal=False, window=0, interpret=Fal
         pad = [(0, 0), (0, padded - length), (0, 0), (0, 0)]
         q, k, v = (jnp.pad(a, pad) for a in (q, k, v))
         key_mask = jnp.pad(key_mask, [(0, 0), (0, padded - length)])
-    kernel = _kernel(padded, heads, head_dim, bool(causal), int(window), bool(interpret))
     heads_major = lambda a: a.transpose(0, 2, 1, 3)  # [batch, heads, length, head_dim]
-    out = _splash_call(kernel, heads_major(q), heads_major(k), heads_major(v), key_mask)
+    args = (padded, heads, head_dim, bool(causal), int(window), bool(interpret))
+    if window:
+        out = _band_attention(args, heads_major(q), heads_major(k), heads_major(v), key_mask)
+    else:
+        out = _splash_call(_kernel(*args), heads_major(q), heads_major(k), heads_major(v),
+                           key_mask)
     return out.transpose(0, 2, 1, 3)[:, :length].astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _band_attention(args, q, k, v, key_mask):
+    """A local window: splash's forward, `tpu_band`'s backward (head-major q/k/v
+    `[batch, heads, length, head_dim]`; `args` the static arguments of `_kernel`)."""
+    return _band_forward(args, q, k, v, key_mask)[0]
+
+
+def _band_forward(args, q, k, v, key_mask):
+    out, (lse,) = _splash_call(_build_kernel(*args, save_residuals=True), q, k, v,
+                               key_mask)
+    return out, (q, k, v, key_mask, out, lse)
+
+
+def _band_backward(args, residuals, d_out):
+    _, _, _, causal, window, interpret = args
+    q, k, v, key_mask, out, lse = residuals
+    batch, heads, length, _ = q.shape
+    f32 = jnp.float32
+    di = jnp.einsum("bhld,bhld->bhl", out.astype(f32), d_out.astype(f32))
+    rows = lambda a: jnp.broadcast_to(a.astype(f32)[:, :, None, :],
+                                      (batch, heads, tpu_band.SUBLANES, length))
+    kv_valid = jnp.broadcast_to(key_mask.astype(jnp.int32)[:, :, None],
+                                (batch, length, tpu_band.LANES))
+    seq_minor = lambda a: a.swapaxes(-1, -2)  # [batch, heads, head_dim, length]
+    bwd = functools.partial(tpu_band.band_attention_bwd, causal=causal, window=window,
+                            block=_block(length), interpret=interpret)
+    grads = jax.vmap(bwd)(seq_minor(q), seq_minor(k), seq_minor(v),
+                          seq_minor(d_out.astype(q.dtype)), rows(lse), rows(di), kv_valid)
+    return (*(seq_minor(g) for g in grads), None)
+
+
+_band_attention.defvjp(_band_forward, _band_backward)
 
 
 def _batch_spec(mesh, batch):
