@@ -68,6 +68,6 @@ def test_band_backward_compiles_for_a_v4_chip():
     rows = jax.ShapeDtypeStruct((heads, 8, length), jnp.float32, sharding=sharding)
     valid = jax.ShapeDtypeStruct((length, 128), jnp.int32, sharding=sharding)
     bwd = functools.partial(tpu_band.band_attention_bwd, causal=True, window=1024)
-    compiled = jax.jit(bwd).lower(seq, seq, seq, seq, rows, rows, valid).compile()
+    compiled = jax.jit(bwd).lower(seq, seq, seq, seq, seq, rows, valid).compile()
     pairs = heads * tpu_band.computed_pairs(length, 512, 0, 1024)
     assert compiled.cost_analysis()["flops"] >= 10 * head_dim * pairs

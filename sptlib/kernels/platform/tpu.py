@@ -156,17 +156,15 @@ def _band_backward(args, residuals, d_out):
     _, _, _, causal, window, interpret = args
     q, k, v, key_mask, out, lse = residuals
     batch, heads, length, _ = q.shape
-    f32 = jnp.float32
-    di = jnp.einsum("bhld,bhld->bhl", out.astype(f32), d_out.astype(f32))
-    rows = lambda a: jnp.broadcast_to(a.astype(f32)[:, :, None, :],
-                                      (batch, heads, tpu_band.SUBLANES, length))
+    rows = jnp.broadcast_to(lse.astype(jnp.float32)[:, :, None, :],
+                            (batch, heads, tpu_band.SUBLANES, length))
     kv_valid = jnp.broadcast_to(key_mask.astype(jnp.int32)[:, :, None],
                                 (batch, length, tpu_band.LANES))
     seq_minor = lambda a: a.swapaxes(-1, -2)  # [batch, heads, head_dim, length]
     bwd = functools.partial(tpu_band.band_attention_bwd, causal=causal, window=window,
                             block=_block(length), interpret=interpret)
-    grads = jax.vmap(bwd)(seq_minor(q), seq_minor(k), seq_minor(v),
-                          seq_minor(d_out.astype(q.dtype)), rows(lse), rows(di), kv_valid)
+    grads = jax.vmap(bwd)(seq_minor(q), seq_minor(k), seq_minor(v), seq_minor(out),
+                          seq_minor(d_out.astype(q.dtype)), rows, kv_valid)
     return (*(seq_minor(g) for g in grads), None)
 
 

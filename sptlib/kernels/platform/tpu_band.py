@@ -19,9 +19,12 @@ Per computed (query, key) pair it does splash's fused work: QK^T, P = exp(S - ls
 dP = V^T dO, dS = P (dP - di), dK += dS^T Q, dQ = dS K: 10 head_dim FLOPs and one exp. The
 forward stays splash's (its log-sum-exp residual feeds this kernel).
 
-Shapes (one batch element; `vmap` adds the batch): q, k, v, do `[heads, head_dim, length]` with
-q pre-scaled, lse and di `[heads, 8, length]` float32 (8 sublane copies), kv_valid
-`[length, 128]` int32 (lane copies of the key mask); length a multiple of `block`.
+Shapes (one batch element; `vmap` adds the batch): q, k, v, o (the forward's output), do
+`[heads, head_dim, length]` with q pre-scaled, lse `[heads, 8, length]` float32 (8 sublane
+copies), kv_valid `[length, 128]` int32 (lane copies of the key mask); length a multiple of
+`block`. di = rowsum(dO * O) is formed in the kernel from the sequence-minor o and dO (an XLA
+product of splash's head_dim-minor output with dO materialised a float32 copy of dO in the
+padded layout: 0.35 GB of traffic per PathX layer).
 """
 
 import functools
@@ -59,7 +62,7 @@ def computed_pairs(length, block, lo, hi) -> int:
     return int(np.count_nonzero((i >= 0) & (i < n))) * block * block
 
 
-def _kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, kv_ref,
+def _kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, kv_ref,
             dq_ref, dk_ref, dv_ref, dk_acc, dv_acc, *, block, first, slots, n_blocks, lo, hi):
     j, t = pl.program_id(1), pl.program_id(2)
     i = j + first + t
@@ -72,6 +75,10 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, kv_ref,
     @pl.when((i >= 0) & (i < n_blocks))
     def _compute():
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]  # [head_dim, block]
+        # di = rowsum(dO * O) of the query block, [1, block_q] (recomputed per key block:
+        # head_dim x block multiply-adds, against the 5 block x block x head_dim products).
+        di = jnp.sum(o_ref[...].astype(jnp.float32) * do.astype(jnp.float32), axis=0,
+                     keepdims=True)
         # Scores with keys on sublanes and queries on lanes: [block_k, block_q].
         s = lax.dot(k.T, q, preferred_element_type=jnp.float32)
         kpos = j * block + lax.broadcasted_iota(jnp.int32, s.shape, 0)
@@ -83,7 +90,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, kv_ref,
         dv_acc[...] += lax.dot_general(do, p.astype(do.dtype), nt,
                                        preferred_element_type=jnp.float32)
         dp = lax.dot(v.T, do, preferred_element_type=jnp.float32)
-        ds = (p * (dp - di_ref[:1, :])).astype(q.dtype)
+        ds = (p * (dp - di)).astype(q.dtype)
         dk_acc[...] += lax.dot_general(q, ds, nt, preferred_element_type=jnp.float32)
         dq_ref[...] = lax.dot(k, ds, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
 
@@ -94,7 +101,7 @@ def _kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, kv_ref,
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "window", "block", "interpret"))
-def band_attention_bwd(q, k, v, do, lse, di, kv_valid, *, causal, window, block=512,
+def band_attention_bwd(q, k, v, o, do, lse, kv_valid, *, causal, window, block=512,
                        interpret=False):
     """dq, dk, dv `[heads, head_dim, length]` of one batch element (module docstring)."""
     heads, head_dim, length = q.shape
@@ -122,10 +129,10 @@ def band_attention_bwd(q, k, v, do, lse, di, kv_valid, *, causal, window, block=
     out_specs = (pl.BlockSpec((None, None, head_dim, block),
                               lambda h, j, t: (t, h, 0, dq_block(h, j, t))),
                  kv_seq, kv_seq)
-    in_specs = (q_seq, kv_seq, kv_seq, q_seq, q_row, q_row,
+    in_specs = (q_seq, kv_seq, kv_seq, q_seq, q_seq, q_row,
                 pl.BlockSpec((block, LANES), lambda h, j, t: (j, 0)))
     pairs = heads * computed_pairs(length, block, lo, hi)
-    operands = (q, k, v, do, lse, di, kv_valid)
+    operands = (q, k, v, o, do, lse, kv_valid)
     nbytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in operands)
     nbytes += sum(int(np.prod(o.shape)) * np.dtype(o.dtype).itemsize for o in out_shape[:3])
     kernel = functools.partial(_kernel, block=block, first=first, slots=slots, n_blocks=n,
