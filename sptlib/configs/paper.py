@@ -209,8 +209,9 @@ TASKS: dict[str, TaskSpec] = {
         ssm=_PATHX_S4,
         # lra/transformer-lra-pathx-small.yaml, lra/transformer-lra-pathx-mlm-small.yaml
         # remat off as ListOps (a memory/speed setting): the masked pretraining's model-FLOP
-        # bound 24.8% with remat, 32.4% without (v4-16, 2026-12-06), 35.0% at 4.5 GiB per chip
-        # of 32 with the splash layout of 2026-12-07 (docs/benchmarks.md).
+        # bound 24.8% with remat, 32.4% without (v4-16, 2026-12-06), 35.0% with the splash
+        # layout of 2026-12-07 and 43.0% at 2.5 GiB per chip of 32 with the band backward
+        # (docs/benchmarks.md).
         transformer=Recipe(4, 128, 32, 5e-4, 0.0, 200, warmup_steps=5000, schedule="constant",
                            n_heads=4, ffn_mult=1, window=4096, pooling="max"),
         models=dict(
