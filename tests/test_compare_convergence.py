@@ -184,7 +184,9 @@ def test_real_fmnist784_conv_grid_expands_as_documented(tmp_path):
     assert base.compare.equal_compute == equal_compute.SPENT
     assert sorted({math.ceil(s.data_fraction * 54000) for s in specs}) == [1000, 10000]
     for s in specs:
-        assert all(s.config.stages[n].patience == 2 for n in s.config.stage_order)
+        assert all(s.config.stages[n].patience == 3 for n in s.config.stage_order)
+        if s.regime != "scratch-equal-compute":  # (its steps are the SPT run's, read later)
+            assert all(s.config.stages[n].num_steps == 200 for n in s.config.stage_order)
         assert s.config.data.resolution == 28
     for i, s in enumerate(specs):
         if s.regime == "scratch-equal-compute":

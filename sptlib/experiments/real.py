@@ -104,8 +104,8 @@ CODE_TF_LENGTH = 2048  # the whole window (40 min on 2 idle cores); length=512 i
 # CONV_PATIENCE evaluations (every CONV_EVAL_EVERY steps, on CONV_EVAL_STEPS x 256 validation
 # images) without a better validation accuracy (denoising: loss), at the latest at its cap.
 CONV_FRACTIONS = (1000 / 54000, 10000 / 54000)
-CONV_STEPS, CONV_PRETRAIN = 40, 40  # caps (batch 32), sized by the pilot in the docstring
-CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 10, 1, 2
+CONV_STEPS, CONV_PRETRAIN = 200, 200  # caps (batch 32), sized in the docstring
+CONV_EVAL_EVERY, CONV_EVAL_STEPS, CONV_PATIENCE = 20, 1, 3
 CONV_TEST_EXAMPLES = 500
 
 
