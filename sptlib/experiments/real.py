@@ -47,17 +47,16 @@ docs/reproducing.md, "Real data"):
                 finetune) and `CONV_PRETRAIN` (masked denoising); equal compute trains exactly
                 the steps its seed's SPT run spent (`config.compare.equal_compute = "spent"`,
                 `sptlib.protocol.equal_compute`); test on the first `CONV_TEST_EXAMPLES` test
-                images. 70 runs. Sized from a pilot on the shared 2-core machine (2026-12-06, load
-                average 8-13 from other sessions): one nice-10 process ran the Transformer at
-                L = 784 at 0.4-0.6 steps/s (batch 32; 2 steps/s when the cores were free), S4D
-                alike, a 512-image validation pass in ~11 s; the grid itself then ran at
-                ~0.2 steps/s per process (2 processes), so the caps were cut from 60 to 40 to
-                finish the 1,000-image half within the session. At 40 steps the caps are far
-                below convergence (1.3 epochs of 1,000 images, 0.13 of 10,000):
-                docs/reproducing.md lists which runs the cap stopped. Measured 2026-12-06
-                with --jobs=2 at nice 10 beside other sessions' jobs: 90.3 min for the 70 runs
-                (51.2 for the 1,000-image half run first with
-                --data_fractions=0.018518518518518517, then 39.1 for the 10,000-image half).
+                images. 70 runs. Caps 200 / 200 with validation every 20 steps and a patience
+                of 3 since 2026-12-07: the first run (2026-12-06, caps 40, validation every 10,
+                patience 2; 90.3 min for the 70 runs) ended nearly every stage at its cap, and
+                two 200-step pilot runs of the Transformer were still improving at 200.
+                Measured 2026-12-07 with --jobs=2 on the 2-core machine: 122 min for the
+                1,000-image half (--data_fractions=0.018518518518518517, 35 runs; most stages
+                still end at the 200-step cap, the scratch runs' best checkpoints 20-80 steps
+                before it); the 10,000-image half (the command without --data_fractions, which
+                skips finished runs) was not run and needs about as long again. The old grid:
+                `fmnist784_conv,steps=40,pretrain_steps=40,eval_every=10,patience=2`.
 
 Every model: 2 layers, d = 64 (Transformer: 4 heads, FFN x 2, sinusoidal positions), PyTorch's
 initialisation of the dense projections, AdamW with warmup and cosine decay, weight decay 0.01;
