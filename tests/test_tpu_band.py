@@ -12,13 +12,7 @@ import pytest
 
 from sptlib.kernels import attention as ref
 from sptlib.kernels.platform import tpu, tpu_band
-
-
-def _dense_keep(length, causal, window):
-    """`[length, length]` bool: the (query, key) pairs the band keeps, written out densely."""
-    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
-    keep = np.abs(i - j) <= window
-    return keep & (j <= i) if causal else keep
+from test_splash_costs import dense_keep  # the pairs a mask keeps, written out densely
 
 
 @pytest.mark.parametrize("causal,window", [(True, 100), (False, 150)])
@@ -49,7 +43,7 @@ def test_band_gradients_equal_plain_with_padding_anywhere(causal, window):
     (2048, 512, True, 4096), (2048, 512, True, 600), (2048, 512, False, 600),
     (8192, 512, True, 2048), (8192, 512, False, 2000), (1024, 128, False, 1)])
 def test_the_walk_computes_exactly_the_bands_nonempty_blocks(length, block, causal, window):
-    keep = _dense_keep(length, causal, window)
+    keep = dense_keep(length, causal, window)
     n = length // block
     nonempty = int(keep.reshape(n, block, n, block).any(axis=(1, 3)).sum())
     lo, hi = tpu_band.band_limits(causal, window)
