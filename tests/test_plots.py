@@ -105,6 +105,25 @@ def test_the_plots_say_what_they_show(tmp_path, figures):
                         "s4d: mean of 2 seeds (thin: each seed)"]
     assert len(ax.get_lines()) == 6
 
+    # A model in the first regime only (a control without SPT) is still in the legend.
+    figures.clear()
+    control = [dict(r, model="bow") for r in recs if r["model"] == "s4d"
+               and r["regime"] == "scratch"]
+    report.plot_curves(recs + control, str(tmp_path / "curves.png"))
+    panels = figures["curves.png"].axes
+    labels = [t.get_text() for t in panels[-1].get_legend().get_texts()]
+    assert labels == ["transformer (2 seeds)", "s4d (2 seeds)", "bow (2 seeds)", "chance (25%)"]
+
+
+def test_scaling_plot_labels_only_the_fractions(tmp_path, figures):
+    recs = _records(tmp_path)
+    recs += [dict(r, data_fraction=0.1) for r in recs]
+    report.plot_scaling(recs, str(tmp_path / "scaling.png"))
+    (ax,) = figures["scaling.png"].axes
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.1", "1"]
+    assert ax.get_xticks(minor=True).size == 0  # no 2x10^-1 ... overprinting them
+
 
 def test_no_chance_level_without_a_saved_config(tmp_path):
     recs = _records(tmp_path)

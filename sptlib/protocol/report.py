@@ -277,7 +277,13 @@ def plot_curves(records, path: str, data_fraction: float = 1.0,
         ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation accuracy (%)")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    # One legend for every panel's lines: a model run in one regime only (a bag-of-pixels
+    # control has no SPT) would otherwise draw an unlabelled line.
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=7, loc="lower right")
     fig.suptitle(f"Validation accuracy during classification training, "
                  f"{plotting.data_label(data_fraction)}\nmean of {len(seeds)} seeds, band: "
                  f"{confidence:.0%} t-interval", fontsize=10)
@@ -312,6 +318,7 @@ def plot_scaling(records, path: str, confidence: float = 0.95) -> str | None:
     plotting.draw_chance(ax, plotting.chance_accuracy(_ok(records)))
     ax.set_xscale("log")
     ax.set_xticks(fractions, [f"{f:.3g}" for f in fractions])
+    ax.set_xticks([], minor=True)  # the log axis's own minor labels overprint the fractions
     ax.set_xlabel("training data fraction")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 102)  # a whisker clipped at 100% stays visible above the frame
