@@ -51,12 +51,11 @@ docs/reproducing.md, "Real data"):
                 of 3 since 2026-12-07: the first run (2026-12-06, caps 40, validation every 10,
                 patience 2; 90.3 min for the 70 runs) ended nearly every stage at its cap, and
                 two 200-step pilot runs of the Transformer were still improving at 200.
-                Measured 2026-12-07 with --jobs=2 on the 2-core machine, in two parts: 122 min
-                for the 1,000-image half (--data_fractions=0.018518518518518517, 35 runs, the
-                cores shared with other work), then 77 min for the 10,000-image half (the
-                command without --data_fractions, which skips finished runs; idle cores): 199
-                min in all, about 2.6 h on idle cores. Most stages still end at the 200-step
-                cap (denoising losses still falling). The old grid:
+                Measured 2026-12-07 with --jobs=2 on the 2-core machine, idle cores, in a
+                fresh workdir: 129 min for the 70 runs (an earlier two-part run, 122 min for
+                the 1,000-image half beside other work + 77 min for the rest, gave identical
+                records). Most stages still end at the 200-step cap (denoising losses still
+                falling). The old grid:
                 `fmnist784_conv,steps=40,pretrain_steps=40,eval_every=10,patience=2`.
 
 Every model: 2 layers, d = 64 (Transformer: 4 heads, FFN x 2, sinusoidal positions), PyTorch's
