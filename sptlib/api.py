@@ -89,7 +89,8 @@ def load_backbone(path, which: str = "best"):
                 tree["params"]["backbone"])}}, partial_restore=True))
     params = _to_numpy(restored["params"]["backbone"], np)
     stage_dir = epath.Path(step_dir).parent.parent
-    config = json.loads((stage_dir / "config.json").read_text())
+    from sptlib.train.results import read_text_no_link  # a planted link is refused, not read
+    config = json.loads(read_text_no_link(stage_dir / "config.json"))
     model_cfg = ml_collections.ConfigDict(config["model"])
     stage = config.get("stages", {}).get(stage_dir.name, {})
     if stage.get("causal") is not None:  # a stage's mask overrides the model's (causal SPT)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import logging as pylogging
 import os
 import sys
@@ -191,6 +192,28 @@ def result(text: str, *, stage: bool = False) -> None:
         write(text + "\n")
 
 
+def _no_follow(path: str, flags: int) -> int:
+    """`open`'s opener for the log: never through a symlink at `path` (ELOOP instead)."""
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+
+
+def _open_log(path: str):
+    """`path` opened to append, never through a symlink: a link planted at the log's name (to a
+    file outside the workdir) is replaced by a regular file, with one warning naming it, instead
+    of the run appending its log to whatever the link points at."""
+    try:
+        return open(path, "a", encoding="utf-8", buffering=1, opener=_no_follow)  # noqa: SIM115
+    except OSError as e:
+        if e.errno != errno.ELOOP or not os.path.islink(path):
+            raise
+    pylogging.getLogger("sptlib").warning(
+        "%s is a symbolic link (to %s): not written through; replaced by a regular file.",
+        path, os.readlink(path))
+    os.unlink(path)
+    # "x": a link planted again meanwhile is refused (O_EXCL), not followed
+    return open(path, "x", encoding="utf-8", buffering=1, opener=_no_follow)  # noqa: SIM115
+
+
 @contextlib.contextmanager
 def log_file(directory, process_index: int = 0, *, name: str = "",
              header: str = "") -> Iterator[Optional[str]]:
@@ -207,7 +230,7 @@ def log_file(directory, process_index: int = 0, *, name: str = "",
         path = os.path.join(os.fspath(directory), name or log_name(process_index))
         try:
             os.makedirs(os.fspath(directory), exist_ok=True)  # process i > 0 may come first
-            f = open(path, "a", encoding="utf-8", buffering=1)  # pylint: disable=consider-using-with
+            f = _open_log(path)
         except OSError as e:
             pylogging.getLogger("sptlib").warning("cannot open %s (%s): the details of this "
                                                   "run go nowhere.", path, e)
@@ -222,7 +245,7 @@ def log_file(directory, process_index: int = 0, *, name: str = "",
             _router.pending.clear()
         _router.files.append(f)
     try:
-        yield None if f is None else f.name
+        yield None if f is None else path
     except BaseException as e:
         if f is not None:
             with _lock:

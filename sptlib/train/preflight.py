@@ -179,7 +179,7 @@ def check_saved_configs(config, workdir) -> None:
         if not saved_path.exists():
             continue
         try:
-            saved = json.loads(saved_path.read_text())
+            saved = json.loads(results_lib.read_text_no_link(saved_path))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ResultsError(f"{saved_path} is unreadable (truncated?); restore it or move the "
                                f"stage folder aside") from None

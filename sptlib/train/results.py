@@ -13,6 +13,7 @@ same. No JAX here: `sptlib.protocol.compare` reads results without loading the t
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import tempfile
@@ -95,11 +96,32 @@ def _json_default(x):
     return str(x)
 
 
+def read_text_no_link(path) -> str:
+    """The text of `path`, never read through a symlink at `path` itself (a link planted in the
+    workdir, e.g. to another run's or another user's file): that is a `ResultsError` that calls
+    it a link. gs://... reads as usual (object stores have no links)."""
+    if "://" in str(path):
+        return epath.Path(path).read_text()
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise ResultsError(
+                f"{path} is a symbolic link (to {os.readlink(path)}), not a file a run wrote: "
+                f"not read through. Remove the link (the same command then rebuilds the file "
+                f"from the checkpoints)") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return f.read().decode("utf-8")
+
+
 def read_json(path) -> Any:
-    """The JSON in `path`; a truncated or malformed file is a `ResultsError` naming it."""
+    """The JSON in `path`; a truncated or malformed file is a `ResultsError` naming it, and so
+    is a symlink at `path` (`read_text_no_link`)."""
     path = epath.Path(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text_no_link(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ResultsError(
             f"{path} is unreadable ({e}; truncated by a kill?). Nothing else is lost: move it "
