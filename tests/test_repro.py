@@ -95,3 +95,92 @@ def test_read_json_refuses_a_link_and_reads_a_file(tmp_path):
     assert results_lib.read_json(tmp_path / "real.json") == {"a": 1}
     with pytest.raises(errors.ResultsError, match="is a symbolic link"):
         results_lib.read_json(tmp_path / "link.json")
+
+
+# -- item 4: the best checkpoint or a clear line -----------------------------------------------
+
+def _two_stage(lra, **finetune):
+    c = _config(lra)
+    for name in ("pretrain", "finetune"):
+        s = c.stages[name]
+        s.num_steps, s.eval_every, s.checkpoint_every, s.log_every = 4, 2, 2, 2
+        s.batch_size, s.eval_batch_size, s.keep = 8, 16, 2
+    # lr=0: every evaluation ties, so the best is the first (step 2), the latest step 4.
+    c.stages.pretrain.optim.update(lr=0.0, warmup_steps=0, schedule="constant")
+    c.stages.finetune.update(finetune)
+    c.stage_order = ("pretrain",)
+    return c
+
+
+@pytest.fixture(scope="module")
+def pretrained(lra, tmp_path_factory):
+    """A finished pretraining stage (best step 2, latest 4), copied by each test."""
+    wd = tmp_path_factory.mktemp("pretrained") / "run"
+    res = stages.run(_two_stage(lra), str(wd))["stages"]["pretrain"]
+    assert res.best_step == 2 and (wd / "pretrain" / "checkpoints" / "4").is_dir()
+    return wd
+
+
+def test_init_from_a_best_checkpoint_that_is_gone_is_one_line(lra, pretrained, tmp_path):
+    wd = _copy(pretrained, tmp_path)
+    shutil.rmtree(wd / "pretrain" / "checkpoints" / "2")
+    c = _two_stage(lra)
+    c.stage_order = ("pretrain", "finetune")
+    e = expect_error("checkpoints", "pretraining finished (best step 2), its best checkpoint "
+                     "deleted, then the finetune stage (init_from=pretrain)",
+                     lambda: stages.run(c, str(wd)), errors.NoCheckpointError,
+                     "its best checkpoint, step 2 (pretrain/results.json), is gone")
+    line = errors.one_line(e)
+    assert "init_fallback=True" in line and "step 4" in line, line
+    assert not (wd / "finetune" / "checkpoints").exists()  # nothing trained
+
+
+@pytest.mark.slow
+def test_init_fallback_starts_from_the_best_that_exists_and_records_it(lra, pretrained,
+                                                                       tmp_path, caplog):
+    wd = _copy(pretrained, tmp_path)
+    shutil.rmtree(wd / "pretrain" / "checkpoints" / "2")
+    c = _two_stage(lra, init_fallback=True)
+    c.stage_order = ("pretrain", "finetune")
+    with caplog.at_level("WARNING"):
+        res = stages.run(c, str(wd))["stages"]["finetune"]
+    assert res.finished
+    assert "its best checkpoint, step 2 (pretrain/results.json), is gone" in caplog.text
+    assert res.init["kind"] == "init_from" and res.init["checkpoint"].endswith("/4")
+    saved = json.loads((wd / "finetune" / "results.json").read_text())
+    assert saved["init"]["fallback"] == {"missing_step": 2, "used_step": 4}
+    run = json.loads((wd / "results.json").read_text())
+    assert run["stages"]["finetune"]["init"]["fallback"] == {"missing_step": 2, "used_step": 4}
+    from sptlib.protocol import records
+    spec = type("Spec", (), {"model": "m", "regime": "spt", "seed": 0, "data_fraction": 1.0,
+                             "config": c, "workdir": str(wd)})()
+    rec = records.make_record(spec, results_lib.read_run(wd), status="finished")
+    assert rec["stages"]["finetune"]["init_fallback"] == {"missing_step": 2, "used_step": 4}
+    record("checkpoints", "the same with stages.finetune.init_fallback=True",
+           "HELD: a warning naming step 2; starts from step 4, recorded in results.json "
+           "(init.fallback) and comparison.json (stages.finetune.init_fallback)")
+
+
+@pytest.mark.slow
+def test_best_deleted_mid_run_warning_names_the_deleted_step(lra, tmp_path, caplog):
+    """lr=0, 6 steps, keep=2: every evaluation ties; the manager keeps steps 4 and 6 and prunes
+    step 2 itself. history.json edited so steps 2 and 4 tie as the best, step 4's folder
+    deleted: the warning names step 4 (the one deleted), not step 2 (pruned by design)."""
+    c = _config(lra, num_steps=6, keep=2)
+    c.stages.scratch.optim.update(lr=0.0, warmup_steps=0, schedule="constant")
+    wd = tmp_path / "wd"
+    stages.run(c, str(wd))
+    ckpts = wd / "scratch" / "checkpoints"
+    assert not (ckpts / "2").exists() and (ckpts / "4").is_dir()
+    (wd / "scratch" / "results.json").unlink()  # as if killed after the last checkpoint
+    shutil.rmtree(ckpts / "4")
+    history_path = wd / "scratch" / "history.json"
+    history = json.loads(history_path.read_text())
+    for h in history:
+        if h["step"] in (2, 4):
+            h["accuracy"] += 0.5
+    history_path.write_text(json.dumps(history))
+    with caplog.at_level("WARNING"):
+        stages.run(c, str(wd))
+    assert "the best checkpoint, step 4 (" in caplog.text, caplog.text
+    assert "the best checkpoint, step 2 (" not in caplog.text, caplog.text

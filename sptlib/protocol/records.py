@@ -88,6 +88,8 @@ def make_record(spec, summary: RunResults | None, *, status: str, error: str = "
             # One train step on the global batch, counted from the traced step.
             "flops_per_step": st.flops_per_step,
         }
+        if (st.init or {}).get("fallback"):  # init_fallback: not the best checkpoint upstream
+            rec["stages"][name]["init_fallback"] = st.init["fallback"]
         total_wall += float(wall or 0.0)
     st = _stage_results(summary, spec.workdir, order[-1])  # the classification stage
     # The best-validation checkpoint's test accuracy (never the last checkpoint's).

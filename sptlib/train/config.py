@@ -25,7 +25,8 @@ from sptlib.train import sharding
 # Keys `stage_config` accepts as plain overrides (the rest of a stage is `objective` and `optim`).
 _STAGE_SCALARS = (
     "num_steps", "batch_size", "eval_batch_size", "eval_every", "eval_steps", "checkpoint_every",
-    "keep", "best_metric", "best_mode", "init_from", "init_checkpoint", "dont_load", "log_every",
+    "keep", "best_metric", "best_mode", "init_from", "init_checkpoint", "init_fallback", "dont_load",
+    "log_every",
     "async_checkpoints", "seed_offset", "start_over_if_unreadable", "patience", "min_delta",
 )
 
@@ -82,6 +83,10 @@ def stage_config(**overrides):
     c.init_from = config_dict.placeholder(str)
     # Which checkpoint of `init_from` to load: best (by its best_metric) | latest.
     c.init_checkpoint = "best"
+    # init_checkpoint=best and the best checkpoint that `init_from`'s results.json names is gone
+    # (deleted, moved aside): False = stop with one line; True = start from the best checkpoint
+    # that exists, with a warning, recorded in results.json (`init.fallback`) and comparison.json.
+    c.init_fallback = False
     # Regexes (re.search on 'collection/path' such as 'head/dense/kernel', collection stripped)
     # of parameters NOT loaded from `init_from`: they keep their fresh initialisation.
     c.dont_load = ("^head/",)

@@ -86,11 +86,13 @@ def warn_missing_best(rule, name, history, ckpt, best_step) -> None:
     """Warns when the history's best evaluation (by `rule`'s best_metric / best_mode) has no
     checkpoint any more (deleted or moved aside): "best" is then the best of the checkpoints
     that exist (`best_step`); the history keeps the truth."""
-    scored = [(score_of(h, rule.best_metric, rule.best_mode), -h["step"], h["step"])
+    # Of equal scores, the latest step: the one the manager kept (it prunes the earlier of
+    # equals itself), so the warning names the step that went missing, not one pruned by design.
+    scored = [(score_of(h, rule.best_metric, rule.best_mode), h["step"])
               for h in history if rule.best_metric in h]
     if not scored:
         return
-    score, _, truth = max(scored)
+    score, truth = max(scored)
     if truth == best_step or truth in ckpt.all_steps() or not math.isfinite(score):
         return
     if any(h["step"] == best_step and score_of(h, rule.best_metric, rule.best_mode) == score

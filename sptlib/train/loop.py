@@ -90,6 +90,7 @@ def _train_stage(config, stage_name, workdir, task, resolved):
     stage = config.stages[stage_name]
     workdir = ckpt_lib.absolute(workdir)  # orbax needs absolute local paths
     stage_dir = workdir / stage_name
+    fallback = start.check_best_exists(config, stage_name, workdir)  # best gone: one line
     source = start.upstream(config, stage_name, workdir)  # the checkpoint init_from names now
     start.check_inputs(config, stage_name, workdir, source)  # upstream changed: start afresh
     previous = results_lib.read_stage(stage_dir)
@@ -123,6 +124,8 @@ def _train_stage(config, stage_name, workdir, task, resolved):
     failed = True
     try:
         state, init_info = start.restore(built, ckpt, train_iter, workdir, source)
+        if fallback and init_info.get("kind") == "init_from":
+            init_info["fallback"] = fallback
         config_history.note_layout(init_info, layout_before, resolved, stage_name)
         if is_main_process():
             config_history.record_start(config, stage_name, stage_dir, init_info)

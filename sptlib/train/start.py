@@ -13,7 +13,8 @@ from absl import logging
 from etils import epath
 import jax
 
-from sptlib.errors import ResultsError
+from sptlib.errors import NoCheckpointError, ResultsError
+from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import checkpoint_io
 from sptlib.train import config_history
 from sptlib.train import digest as digest_lib
@@ -61,6 +62,43 @@ def restore(built, ckpt, train_iter, workdir, source):
         "loaded_tensors": report["loaded"], "not_loaded": report["not_loaded"],
         "skipped_from_checkpoint": report["skipped_from_checkpoint"],
         "quarantined": ckpt.quarantined}
+
+
+def check_best_exists(config, stage_name, workdir):
+    """The best checkpoint that `init_from`'s finished results.json names (`best_step`) still
+    exists, or a one-line `NoCheckpointError` naming the missing step; with `init_fallback`, a
+    warning and `{"missing_step", "used_step"}` (recorded in results.json's `init`), as the best
+    of the checkpoints that exist is used instead. None when there is nothing to check (no
+    init_from stage of this config, init_checkpoint=latest, the stage not finished)."""
+    stage = config.stages[stage_name]
+    if not stage.init_from or stage.init_from not in config.stages or \
+            stage.init_checkpoint != "best":
+        return None
+    source_dir = epath.Path(workdir) / stage.init_from
+    before = results_lib.read_stage(source_dir)
+    if not before or not before.finished or before.best_step is None:
+        return None
+    checkpoints = source_dir / ckpt_lib.CHECKPOINTS_DIR
+    if ckpt_lib.is_step_dir(checkpoints / str(before.best_step)):
+        return None
+    existing = sorted(int(p.name) for p in checkpoints.iterdir() if ckpt_lib.is_step_dir(p)) \
+        if checkpoints.is_dir() else []
+    used = ckpt_lib.best_step(checkpoints)
+    where = f"{stage.init_from}/{results_lib.RESULTS_FILE}"
+    if not stage.init_fallback or used is None:
+        raise NoCheckpointError(
+            f"[{stage_name}] init_from={stage.init_from!r}: its best checkpoint, step "
+            f"{before.best_step} ({where}), is gone from {checkpoints} (checkpoints there: "
+            f"{existing or 'none'}). Restore it, or move {source_dir} aside to train "
+            f"{stage.init_from} again" + (
+                f", or set config.stages.{stage_name}.init_fallback=True to start from the best "
+                f"that exists (step {used}; recorded in results.json)" if used is not None
+                else ""))
+    logging.warning("[%s] init_from=%r: its best checkpoint, step %d (%s), is gone from %s; "
+                    "init_fallback=True: starting from the best that exists, step %d "
+                    "(recorded in results.json init.fallback).", stage_name, stage.init_from,
+                    before.best_step, where, checkpoints, used)
+    return {"missing_step": int(before.best_step), "used_step": int(used)}
 
 
 def upstream(config, stage_name, workdir):
