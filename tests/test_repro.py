@@ -184,3 +184,98 @@ def test_best_deleted_mid_run_warning_names_the_deleted_step(lra, tmp_path, capl
         stages.run(c, str(wd))
     assert "the best checkpoint, step 4 (" in caplog.text, caplog.text
     assert "the best checkpoint, step 2 (" not in caplog.text, caplog.text
+
+
+# -- item 5: bounded, correct stops ------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("lr", float("nan")), ("lr", float("inf")),
+                                         ("ssm_lr", float("nan")), ("ssm_dt_lr", float("inf")),
+                                         ("weight_decay", float("nan"))])
+def test_non_finite_learning_rates_are_refused_at_config_time(lra, tmp_path, field, value):
+    c = _config(lra)
+    c.stages.scratch.optim[field] = value
+    wd = tmp_path / "wd"
+    expect_error("config ranges", f"stages.scratch.optim.{field}={value}",
+                 lambda: stages.run(c, str(wd)), errors.ConfigError,
+                 f"config.stages.scratch.optim.{field}={value!r}: must be a finite number")
+    assert not (wd / "scratch").exists()  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize("name", ["comparison.json", "comparison.shard0of2.json"])
+def test_main_on_a_compare_workdir_is_refused(lra, tmp_path, name):
+    wd = tmp_path / "grid"
+    wd.mkdir()
+    (wd / name).write_text("[]")
+    expect_error("workdir", f"sptlib.main pointed at a sptlib.compare grid's folder ({name})",
+                 lambda: stages.run(_config(lra), str(wd)), errors.ConfigError,
+                 f"is a sptlib.compare grid's folder (it holds {name})")
+    assert sorted(p.name for p in wd.iterdir()) == [name]  # nothing written beside the grid
+
+
+EXIT_BOUND_S = errors.EXIT_GRACE_S + 10.0  # the exit guard's grace, and a loaded machine's margin
+
+
+def _time_to_exit(cmd, timeout=400):
+    """Runs `cmd`; returns (exit status, its last stderr line, seconds from that error line
+    being printed to the process having exited)."""
+    import subprocess
+    import threading
+    import time
+    from test_faults import _cli_env
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_cli_env(), stderr=subprocess.PIPE, text=True)
+    seen = []
+
+    def read():
+        for ln in proc.stderr:
+            seen.append((time.monotonic(), ln.rstrip("\n")))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ended = time.monotonic()
+    reader.join(10)
+    errs = [(t, ln) for t, ln in seen if ln.startswith(("sptlib.main: error: ",
+                                                         "sptlib.main: stopped: "))]
+    assert errs, "\n".join(ln for _, ln in seen)[-3000:]
+    return proc.returncode, errs[-1][1], ended - errs[-1][0]
+
+
+@pytest.mark.slow
+def test_exit_is_bounded_after_the_one_line_per_error_class(lra, finished, tmp_path):
+    """Per error class, a real `sptlib.main`: the process is gone within EXIT_BOUND_S of its
+    one line (orbax's async saves, data workers and the exit guard included)."""
+    from test_faults import _smoke_cmd
+    from sptlib.data import listops
+    bad = tmp_path / "bad_data"
+    shutil.copytree(lra, bad)
+    (bad / listops.FOLDER / listops.SPLIT_FILES["train"]).write_bytes(
+        b"Source\tTarget\n( [MAX \xff 3 ] )\t3\n")
+    linked = _copy(finished, tmp_path)
+    (linked / "scratch" / "results.json").unlink()
+    (tmp_path / "other.json").write_text("{}")
+    os.symlink(tmp_path / "other.json", linked / "scratch" / "results.json")
+    cases = {
+        "ConfigError (lr=nan)": (_smoke_cmd(lra, tmp_path / "a",
+                                            "--config.stages.scratch.optim.lr=nan"), 2,
+                                 "ConfigError: config.stages.scratch.optim.lr=nan"),
+        "DataError (a non-UTF-8 byte in the data)": (_smoke_cmd(bad, tmp_path / "b"), 2,
+                                                     "DataError: "),
+        "NonFiniteLossError (lr=1e9, async saves)": (_smoke_cmd(
+            lra, tmp_path / "c", "--config.stages.scratch.optim.lr=1e9",
+            "--config.stages.scratch.optim.warmup_steps=0",
+            "--config.stages.scratch.optim.schedule=constant"), 2, "NonFiniteLossError: "),
+        "ResultsError (results.json a planted link)": (_smoke_cmd(lra, linked), 2,
+                                                         "is a symbolic link (to "),
+    }
+    measured = {}
+    for case, (cmd, code, needle) in cases.items():
+        rc, line, after = _time_to_exit(cmd)
+        assert rc == code and needle in line, (case, rc, line)
+        measured[case] = after
+        assert after < EXIT_BOUND_S, (case, after, line)
+        record("exits", f"{case}: seconds from the one line to the process gone (CLI)",
+               f"HELD: exit {rc} {after:.1f} s after the line (bound {EXIT_BOUND_S:.0f} s)")
+    print("seconds from the one line to the exit:", measured)

@@ -13,6 +13,7 @@ checkpoint of the current step is saved first.
 """
 
 import json
+import os
 import signal
 import time
 
@@ -73,6 +74,7 @@ def run(config, workdir) -> dict:
     config_lib.validate(config)
     maybe_initialize_distributed(config)
     workdir_checks.check_workdir(workdir)
+    _refuse_a_comparison_root(workdir)
     lock = lock_lib.WorkdirLock(workdir) if is_main_process() else None
     if lock is not None:
         lock.acquire()  # before anything is written: a busy workdir is one line, nothing touched
@@ -94,6 +96,19 @@ def run(config, workdir) -> dict:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _refuse_a_comparison_root(workdir) -> None:
+    """A `sptlib.compare` grid's folder (its `comparison*.json`) is not one run's workdir: the
+    stages would land beside the grid's runs and its summary would be taken for theirs."""
+    if "://" in str(workdir) or not os.path.isdir(workdir):
+        return
+    found = sorted(n for n in os.listdir(workdir)
+                   if n.startswith("comparison") and n.endswith(".json"))
+    if found:
+        raise errors.ConfigError(
+            f"--workdir={workdir} is a sptlib.compare grid's folder (it holds {found[0]}), not "
+            f"one run's: pass a new --workdir, or rerun the grid with sptlib.compare")
 
 
 def _honour_pending_stop():

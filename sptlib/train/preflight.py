@@ -21,6 +21,7 @@ or flag and what to do:
 """
 
 import json
+import math
 import os
 
 from absl import logging
@@ -81,6 +82,10 @@ def _choice(key, value, allowed):
 
 
 def _at_least(key, value, low):
+    # NaN compares False with everything and inf passes `< low`: both would train a step (or
+    # more) before failing as "diverged", so a non-finite number is refused here.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r}: must be a finite number >= {low}")
     if value < low:
         raise ConfigError(f"{key}={value!r}: must be >= {low}")
 
@@ -103,8 +108,8 @@ def check_model(m) -> None:
 
 def check_optim(config, name) -> None:
     o, key = config.stages[name].optim, f"config.stages.{name}.optim"
-    for field in ("lr", "ssm_lr", "weight_decay", "ssm_weight_decay", "warmup_steps",
-                  "grad_clip", "min_lr_ratio"):
+    for field in ("lr", "ssm_lr", "ssm_dt_lr", "weight_decay", "ssm_weight_decay",
+                  "warmup_steps", "grad_clip", "min_lr_ratio"):
         if o.get(field) is not None:
             _at_least(f"{key}.{field}", o[field], 0)
     _choice(f"{key}.schedule", o.schedule, ("constant", "cosine"))
