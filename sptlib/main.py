@@ -15,6 +15,7 @@ request (SIGTERM) exits with 3, a diverged run with 2; their checkpoints are kep
 
 import functools
 import json
+import signal
 
 from absl import app
 from absl import flags
@@ -88,10 +89,22 @@ def _prepared_main(argv):
     main(argv, prepare=_prepare_process)
 
 
+def _stop_before_the_lock(signum, frame):  # pylint: disable=unused-argument
+    raise errors.PreemptedError("stopped on request (SIGTERM) before the run took its "
+                                "workdir's lock: no stage had started. Run the same command "
+                                "to start it.", signum=signum)
+
+
 def run():
     """Console-script entry point (`spt-train`)."""
-    app.run(_prepared_main, flags_parser=functools.partial(errors.parse_absl_flags, prog=PROG,
-                                                           doc=__doc__))
+    # A SIGTERM before the workdir's lock installs its own handler (flags, config, imports,
+    # JAX start-up) is the documented stop on request, exit 3, not death by the signal.
+    signal.signal(signal.SIGTERM, _stop_before_the_lock)
+    try:
+        app.run(_prepared_main, flags_parser=functools.partial(errors.parse_absl_flags,
+                                                               prog=PROG, doc=__doc__))
+    except errors.PreemptedError as e:  # raised outside main(): while the flags were parsed
+        raise SystemExit(errors.report(e, PROG)) from None
 
 
 if __name__ == "__main__":

@@ -279,3 +279,145 @@ def test_exit_is_bounded_after_the_one_line_per_error_class(lra, finished, tmp_p
         record("exits", f"{case}: seconds from the one line to the process gone (CLI)",
                f"HELD: exit {rc} {after:.1f} s after the line (bound {EXIT_BOUND_S:.0f} s)")
     print("seconds from the one line to the exit:", measured)
+
+
+# -- item 7: the user-file cases ---------------------------------------------------------------
+
+def _bad_file(tmp_path, make, *needles, **files):
+    """test_user_files._bad: one line holding every needle, exit 2, nothing written."""
+    from test_user_files import _bad
+    return _bad(tmp_path, make, needles, **files)
+
+
+def test_npz_with_fewer_labels_than_rows_is_one_line_before_anything(tmp_path):
+    import numpy as np
+
+    def make(t):
+        np.savez(t / "d.npz", inputs=np.ones((60, 8), np.int64), label=np.arange(55) % 2)
+        return t / "d.npz"
+    line = _bad_file(tmp_path, make, "d.npz: column 'label' has 55 rows, column 'inputs' 60")
+    record("user files", ".npz whose inputs has 60 rows and label 55",
+           f"one line, exit 2, nothing written: {line}")
+
+
+def test_a_token_id_past_int32_is_one_line_naming_row_and_value(tmp_path):
+    from test_user_files import _jsonl
+    rows = [{"inputs": [1, 2, 3], "label": i % 2} for i in range(6)]
+    rows[3]["inputs"] = [1, 10 ** 12, 3]
+    line = _bad_file(tmp_path, lambda t: _jsonl(t / "big.jsonl", rows),
+                     "big.jsonl: row 4, column 'inputs': token id 1000000000000 at position 1 "
+                     "outside the vocabulary 0..")
+    record("user files", "a token id of 10**12 (no vocab_size given)",
+           f"one line, exit 2, no data_spec.json: {line}")
+
+
+@pytest.mark.parametrize("label", [7, "dog"])
+def test_a_single_class_is_refused(tmp_path, label):
+    from test_user_files import _jsonl
+    rows = [{"inputs": [1, 2, 3], "label": label}] * 8
+    line = _bad_file(tmp_path, lambda t: _jsonl(t / "one.jsonl", rows),
+                     f"one.jsonl: column 'label' holds a single class ({label!r}) in all 8 rows",
+                     "label_column=''")
+    record("user files", f"a label column of a single class ({label!r})",
+           f"REFUSED (no flag: label_column='' for data without labels), exit 2: {line}")
+
+
+def test_numeric_string_labels_are_the_classes_that_occur(tmp_path):
+    """Labels "1", "2", "10" in a CSV: three classes ordered by value (no phantom class 0..9),
+    every row's label the index of its class; a declared num_classes keeps them ids."""
+    from sptlib.data import get_task, user_files
+    from test_user_files import _cfg, _csv
+    labels = ["1", "2", "10", "2", " 1", "10"]
+    path = _csv(tmp_path / "t.csv", ["inputs", "label"],
+                [["3 4 5", y] for y in labels])
+    c = _cfg(path, validation=str(path), test=str(path))
+    spec = user_files.infer(c)
+    assert spec["classes"] == ["1", "2", "10"] and spec["num_classes"] == 3
+    src = get_task(c).source("train")
+    assert [int(src[i]["label"]) for i in range(len(labels))] == [0, 1, 2, 1, 0, 2]
+    c.files.num_classes = 11
+    user_files._MEMO.clear()
+    spec = user_files.infer(c)
+    assert spec["classes"] is None and spec["num_classes"] == 11
+    record("user files", 'labels "1", "2", "10" in a CSV',
+           "HELD: the classes that occur, ordered by value (3 classes, no phantom class 0); "
+           "num_classes=11 declared keeps them class ids")
+
+
+def test_a_validation_label_unseen_in_train_is_named(tmp_path):
+    from test_user_files import _csv
+    train = _csv(tmp_path / "train.csv", ["inputs", "label"], [["3 4", "1"], ["5 6", "2"]] * 4)
+    val = _csv(tmp_path / "val.csv", ["inputs", "label"], [["3 4", "1"], ["5 6", "3"]])
+    line = _bad_file(tmp_path, lambda t: train, "val.csv: row 2, column 'label': label 3 is not "
+                     "a class of the train file (2 classes)", validation=str(val))
+    assert line
+
+
+def test_record_spec_does_not_write_through_a_planted_tmp_link(tmp_path):
+    """data_spec.json is written through a fresh temporary name and os.replace: the old fixed
+    `data_spec.json.tmp` planted as a link to a decoy, and data_spec.json itself a dangling link
+    into the decoy folder: the decoy is untouched, the spec a regular file."""
+    from sptlib.data import record_spec
+    from test_user_files import _cfg, _jsonl
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "victim").write_text("precious\n")
+    before = tree_state(decoy)
+    path = _jsonl(tmp_path / "t.jsonl", [{"inputs": [1, 2], "label": i % 2} for i in range(8)])
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    os.symlink(decoy / "victim", wd / "data_spec.json.tmp")
+    record_spec(_cfg(path), str(wd))
+    assert (wd / "data_spec.json").is_file() and not (wd / "data_spec.json").is_symlink()
+    assert json.loads((wd / "data_spec.json").read_text())["num_classes"] == 2
+    assert tree_state(decoy) == before
+    (wd / "data_spec.json").unlink()
+    os.symlink(decoy / "new_spec", wd / "data_spec.json")
+    with pytest.raises(errors.DataError, match="is a symbolic link"):
+        record_spec(_cfg(path), str(wd))
+    assert tree_state(decoy) == before
+
+
+def _sigterm_caught(pid):
+    """Whether process `pid` has a handler for SIGTERM (its SigCgt mask, /proc)."""
+    import signal
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith("SigCgt:"):
+                    return bool(int(ln.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_sigterm_before_the_lock_exits_3(lra, tmp_path):
+    """SIGTERM as soon as the command can take it (its handler is installed) and before the
+    workdir's lock exists: exit 3, one line, nothing of the run written."""
+    import signal
+    import subprocess
+    import time
+    from sptlib.train import lock as lock_lib
+    from test_faults import _cli_env, _smoke_cmd
+    wd = tmp_path / "wd"
+    proc = subprocess.Popen(_smoke_cmd(lra, wd), cwd=ROOT, env=_cli_env(),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 200
+        while not _sigterm_caught(proc.pid) and not (wd / lock_lib.LOCK_FILE).exists():
+            assert proc.poll() is None and time.time() < deadline, "ended or stalled"
+            time.sleep(0.002)
+        assert not (wd / lock_lib.LOCK_FILE).exists(), "no SIGTERM handler before the lock"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert proc.returncode == 3, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and lines[-1].startswith(
+        "sptlib.main: stopped: PreemptedError: "), lines[-1]
+    assert not (wd / "scratch").exists()
+    record("signals", "SIGTERM before the workdir's lock is taken (flags, imports, JAX start)",
+           f"one line, exit 3: {lines[-1][:150]}")

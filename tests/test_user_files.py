@@ -157,7 +157,9 @@ def test_text_with_the_users_sentencepiece_model(tmp_path, monkeypatch):
 
 
 def test_longer_than_max_length_is_truncated_and_counted(tmp_path):
-    path = _jsonl(tmp_path / "t.jsonl", [{"inputs": s, "label": 0} for s in SEQS])
+    # two classes: a single one is refused (test_repro.py)
+    path = _jsonl(tmp_path / "t.jsonl", [{"inputs": s, "label": i % 2}
+                                         for i, s in enumerate(SEQS)])
     c = _cfg(path, validation=str(path), test=str(path))
     c.max_length = 4
     task = get_task(c)
@@ -280,7 +282,7 @@ def test_resume_with_a_vanished_or_changed_split_file(tmp_path):
         f"config.data.files.test={tmp_path / 'test.jsonl'}: no such file")
     _jsonl(tmp_path / "test.jsonl", [{"inputs": [1, 2], "label": 0}] * 2)
     preflight.check(c, str(wd))  # the same model: going on
-    _jsonl(tmp_path / "train.jsonl", [{"inputs": [1, 2, 9], "label": 1}] * 6)
+    _jsonl(tmp_path / "train.jsonl", [{"inputs": [1, 2, 9], "label": i % 2} for i in range(6)])
     with pytest.raises(errors.DataError) as e:
         preflight.check(c, str(wd))
     line = errors.one_line(e.value)

@@ -251,3 +251,14 @@ def is_int_labels(values):
     ints = sum(isinstance(v, int) and not isinstance(v, bool) or
                isinstance(v, str) and v.strip().lstrip("-").isdigit() for v in values)
     return ints * 2 > len(values)
+
+
+def text_cells(values):
+    """Whether a label column holds text (CSV/TSV cells, JSON strings) rather than integers:
+    integer-looking text ("1", "2") names classes (`sptlib.data.user_files`), not class ids."""
+    if isinstance(values, np.ndarray):
+        return False
+    if _is_arrow(values):
+        import pyarrow as pa
+        return pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+    return any(isinstance(v, str) for v in values)

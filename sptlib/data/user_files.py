@@ -137,6 +137,10 @@ def _infer(cfg, paths) -> dict:
                         f"{', '.join(cols.KINDS)}")
     labelled = "label" in tables["train"].columns
     int_labels = labelled and cols.is_int_labels(first["label"])
+    # Integers written as text ("1", "2" in a CSV) name the classes that occur (ordered by
+    # value), not class ids 0..max: no phantom class that no row has. A declared num_classes
+    # keeps them ids.
+    named_ints = int_labels and not int(f.num_classes) and cols.text_cells(first["label"])
     text_vocab = str(f.text_vocab)
     if kind == "text" and text_vocab not in ("bytes", "chars") and not os.path.isfile(text_vocab):
         raise DataError(f"config.data.files.text_vocab={text_vocab!r}: expected bytes, chars or "
@@ -150,7 +154,8 @@ def _infer(cfg, paths) -> dict:
         chars = "".join(sorted(seen))
     enc = Encoder(kind, text_vocab, chars)
     declared_vocab, declared_classes = int(f.vocab_size), int(f.num_classes)
-    stats = dict(lengths={}, max_id=-1, classes=set(), max_label=-1, channels=None)
+    stats = dict(lengths={}, max_id=-1, classes=set(), max_label=-1, channels=None,
+                 seen=set(), named_ints=named_ints)
     sums = None
     for split, t in tables.items():
         lengths = []
@@ -180,16 +185,25 @@ def _infer(cfg, paths) -> dict:
                 lab = cols.labels(chunk["label"], where, int_labels)
                 _check_labels(lab, split, stats, int_labels, declared_classes, where)
         stats["lengths"][split] = np.concatenate(lengths)
+    if labelled:
+        _check_two_classes(tables["train"], stats, int_labels)
     return _spec(cfg, paths, tables, kind, text_vocab, chars, labelled, int_labels, stats, sums)
 
 
+# The largest token id a batch holds: ids are shifted past the reserved ones into int32.
+MAX_TOKEN_ID = int(np.iinfo(np.int32).max) - vocab.NUM_SPECIAL
+
+
 def _check_ids(flat, offsets, declared, where):
-    bad = np.flatnonzero((flat < 0) | ((flat >= declared) if declared else False))
+    if declared > MAX_TOKEN_ID + 1:
+        raise DataError(f"config.data.files.vocab_size={declared}: at most {MAX_TOKEN_ID + 1} "
+                        f"(ids are int32 past the reserved ones)")
+    bad = np.flatnonzero((flat < 0) | ((flat >= declared) if declared else (flat > MAX_TOKEN_ID)))
     if len(bad):
         p = int(bad[0])
         row = int(np.searchsorted(offsets, p, side="right")) - 1
         limit = f"0..{declared - 1} (config.data.files.vocab_size={declared})" if declared \
-            else "0 or more"
+            else f"0..{MAX_TOKEN_ID} (ids index an embedding table: number them 0..vocab-1)"
         raise where(row, f"token id {int(flat[p])} at position {p - offsets[row]} outside the "
                          f"vocabulary {limit}")
 
@@ -200,8 +214,15 @@ def _check_labels(lab, split, stats, int_labels, declared, where):
         if len(bad):
             limit = f"0..{declared - 1} (config.data.files.num_classes)" if declared else ">= 0"
             raise where(int(bad[0]), f"label {int(lab[bad[0]])} outside {limit}")
+        if stats["named_ints"] and split != "train":
+            unknown = [i for i, v in enumerate(lab.tolist()) if v not in stats["seen"]]
+            if unknown:
+                raise where(unknown[0], f"label {int(lab[unknown[0]])} is not a class of the "
+                                        f"train file ({len(stats['seen'])} classes)")
         if len(lab):
             stats["max_label"] = max(stats["max_label"], int(lab.max()))
+            if split == "train":
+                stats["seen"].update(int(v) for v in np.unique(lab))
     elif split == "train":
         stats["classes"].update(lab.tolist())
     else:
@@ -209,6 +230,18 @@ def _check_labels(lab, split, stats, int_labels, declared, where):
         if unknown:
             raise where(unknown[0], f"label {lab[unknown[0]]!r} is not a class of the train "
                                     f"file ({len(stats['classes'])} classes)")
+
+
+def _check_two_classes(train, stats, int_labels):
+    """A classifier needs two classes: a label column with one value would score 100% for any
+    model (refused, not warned: set label_column='' for data without labels)."""
+    seen = stats["seen"] if int_labels else stats["classes"]
+    if len(seen) < 2:
+        what = f"a single class ({next(iter(seen))!r})" if seen else "no class"
+        raise DataError(f"{train.path}: column {train.columns['label']!r} holds {what} in all "
+                        f"{train.num_rows} rows; a classifier needs at least two (any model "
+                        f"would score 100%). Give the other classes, or set "
+                        f"config.data.files.label_column='' for data without labels")
 
 
 def _spec(cfg, paths, tables, kind, text_vocab, chars, labelled, int_labels, stats, sums):
@@ -241,6 +274,9 @@ def _spec(cfg, paths, tables, kind, text_vocab, chars, labelled, int_labels, sta
                     min=[float(x) for x in lo], max=[float(x) for x in hi])
     if not labelled:
         spec.update(classes=None, num_classes=0)
+    elif stats["named_ints"]:
+        classes = [str(v) for v in sorted(stats["seen"])]
+        spec.update(classes=classes, num_classes=len(classes))
     elif int_labels:
         spec.update(classes=None, num_classes=int(f.num_classes) or stats["max_label"] + 1)
     else:
@@ -316,6 +352,9 @@ def record_spec(cfg, workdir, write=True) -> dict:
     from etils import epath  # deferred: only the trainer's preflight records specs
     spec = infer(cfg)
     path = epath.Path(workdir) / SPEC_FILE
+    if "://" not in str(path) and os.path.islink(path):
+        raise DataError(f"{path} is a symbolic link (to {os.readlink(path)}), not the spec a run "
+                        f"wrote: not read through; remove the link to record the data anew")
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -335,10 +374,33 @@ def record_spec(cfg, workdir, write=True) -> dict:
         return spec
     if write:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / (SPEC_FILE + ".tmp")
-        tmp.write_text(json.dumps(spec, indent=1, sort_keys=True))
-        tmp.replace(path)
+        _write_replacing(str(path), json.dumps(spec, indent=1, sort_keys=True).encode())
     return spec
+
+
+def _write_replacing(path, data: bytes) -> None:
+    """`data` into `path` as the trainer's safe writer does (`sptlib.train.results`, which this
+    layer may not import): a temporary file of a fresh name beside it (never a fixed name that
+    could be planted as a symlink), then `os.replace`, which replaces a link at `path` instead of
+    writing through it. gs://...: one write."""
+    if "://" in path:
+        from etils import epath
+        epath.Path(path).write_bytes(data)
+        return
+    import tempfile
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _short(v):

@@ -269,6 +269,10 @@ def _read_npz(path, columns):
         raise DataError(f"{path}: column {columns['inputs']!r} has shape "
                         f"{t._data['inputs'].shape}; expected [rows, length(, channels)]")
     t.num_rows = len(t._data["inputs"])
+    if "label" in t._data and len(t._data["label"]) != t.num_rows:
+        raise DataError(f"{path}: column {columns['label']!r} has {len(t._data['label'])} "
+                        f"rows, column {columns['inputs']!r} {t.num_rows}; every row needs "
+                        f"its label")
     return t
 
 

@@ -78,7 +78,7 @@ class FileSource:
             lab = cols.labels(_take(chunk["label"], j), cols.Where(self.table, "label", r),
                               self._enc.class_ids is None)
             label = int(lab[0]) if self._enc.class_ids is None else \
-                self._enc.class_ids[lab.tolist()[0]]
+                self._enc.class_ids[_class_key(lab.tolist()[0], self._enc.class_ids)]
         return flat, label
 
     def __getitem__(self, i):
@@ -112,6 +112,15 @@ class FileSource:
         else:
             ex["inputs"] = np.zeros(L, np.int32)
         return ex
+
+
+def _class_key(v, class_ids):
+    """A label cell as its class name; integers written as text (" 01") name the class of
+    their value ("1"), as the scan read them (`user_files`: classes of integer text)."""
+    if v in class_ids:
+        return v
+    text = str(v).strip()
+    return str(int(text)) if text.lstrip("-").isdigit() else v
 
 
 def _take(values, j):
