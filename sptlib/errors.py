@@ -96,6 +96,10 @@ class ResultsError(SptlibError, ValueError):
     """A results file is unreadable (e.g. truncated by a kill)."""
 
 
+class ResultsDigestError(ResultsError):
+    """A results file whose numbers differ from the digest written with them (edited, damaged)."""
+
+
 class WorkdirBusyError(SptlibError):
     """Another live process holds the workdir's lock (the message names its pid and host)."""
 

@@ -421,3 +421,67 @@ def test_sigterm_before_the_lock_exits_3(lra, tmp_path):
     assert not (wd / "scratch").exists()
     record("signals", "SIGTERM before the workdir's lock is taken (flags, imports, JAX start)",
            f"one line, exit 3: {lines[-1][:150]}")
+
+
+# -- item 2: results that verify ----------------------------------------------------------------
+
+def _edit(path, value):
+    data = json.loads(path.read_text())
+    if "stages" in data:  # the runner's summary
+        data["stages"]["scratch"]["test_accuracy_best"] = value
+    else:
+        data["test"]["best"]["accuracy"] = value
+    path.write_text(json.dumps(data, indent=2))
+
+
+def test_results_carry_a_digest_that_readers_check(finished):
+    for path in (finished / "results.json", finished / "scratch" / "results.json"):
+        data = json.loads(path.read_text())
+        assert data[results_lib.DIGEST_KEY] == results_lib.content_digest(data), path
+    assert results_lib.read_stage(finished / "scratch").finished
+    assert results_lib.read_run(finished).complete
+
+
+def test_an_edited_stage_result_is_recomputed_not_reported(lra, finished, tmp_path, caplog):
+    wd = _copy(finished, tmp_path)
+    true = json.loads((wd / "scratch" / "results.json").read_text())["test"]["best"]["accuracy"]
+    _edit(wd / "scratch" / "results.json", 0.987)
+    with pytest.raises(errors.ResultsDigestError, match="differ from the digest"):
+        results_lib.read_stage(wd / "scratch")
+    with caplog.at_level("WARNING"):
+        res = stages.run(_config(lra), str(wd))
+    assert "differ from the digest written with them" in caplog.text
+    assert res["stages"]["scratch"].metric("test", "best", "accuracy") == true != 0.987
+    on_disk = json.loads((wd / "scratch" / "results.json").read_text())
+    assert on_disk["test"]["best"]["accuracy"] == true
+    assert (wd / "scratch" / "results.json.edited").exists()
+    assert res["summary"].stages["scratch"]["test_accuracy_best"] == true
+    record("results", "an accuracy of 0.987 written into a finished stage's results.json, "
+           "then the same command", "HELD: a warning (differs from its digest), the file moved "
+           "to results.json.edited, the metrics recomputed from the checkpoints "
+           f"({true}, as before the edit)")
+
+
+def test_compare_never_reports_an_edited_number(finished, tmp_path):
+    """The stage's results.json edited: the run counts as unfinished (run again, which
+    recomputes it), its number never reported; the runner's summary edited alone: the stage's
+    own verified file gives the number."""
+    from sptlib.protocol import records
+    wd = _copy(finished, tmp_path)
+    c = _config(None)
+    spec = type("Spec", (), {"model": "transformer", "regime": "scratch", "seed": 0,
+                             "data_fraction": 1.0, "config": c, "workdir": str(wd)})()
+    true = records.make_record(spec, records.load_results(str(wd)),
+                               status="finished")["test_accuracy"]
+    _edit(wd / "results.json", 0.987)
+    assert records.is_finished(str(wd), ("scratch",))
+    rec = records.make_record(spec, records.load_results(str(wd)), status="finished")
+    assert rec["test_accuracy"] == true != 0.987
+    _edit(wd / "scratch" / "results.json", 0.987)
+    assert not records.is_finished(str(wd), ("scratch",))
+    rec = records.make_record(spec, records.load_results(str(wd)), status="unfinished")
+    assert rec["test_accuracy"] is None
+    record("results", "0.987 written into a finished run's summary, then into its stage's "
+           "results.json, then sptlib.compare reads the run", "HELD: the summary's edit is "
+           "ignored (the stage's verified file counts); the stage's edit makes the run "
+           "unfinished (run again: recomputed); 0.987 is never reported")

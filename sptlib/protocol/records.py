@@ -14,7 +14,7 @@ from typing import Callable, Sequence, TypeVar
 
 from absl import logging
 
-from sptlib.errors import ResultsError
+from sptlib.errors import ResultsDigestError, ResultsError
 from sptlib.train import results as results_lib
 from sptlib.train.results import RunResults, StageResults
 
@@ -24,6 +24,8 @@ T = TypeVar("T")
 def _readable(read: Callable[[str], T | None], directory: str) -> T | None:
     try:
         return read(directory)
+    except ResultsDigestError:
+        raise
     except (OSError, ResultsError) as e:
         logging.warning("%s/results.json is unreadable (%s); the run counts as unfinished.",
                         directory, e)
@@ -32,13 +34,21 @@ def _readable(read: Callable[[str], T | None], directory: str) -> T | None:
 
 def load_results(workdir: str) -> RunResults | None:
     """The run's summary (`workdir/results.json`, written by `sptlib.protocol.stages`), or None."""
-    return _readable(results_lib.read_run, workdir)
+    try:
+        return _readable(results_lib.read_run, workdir)
+    except ResultsDigestError as e:  # its stages' own (verified) files still count
+        logging.warning("%s", e)
+        return None
 
 
 def _stage_results(summary: RunResults | None, workdir: str, name: str) -> StageResults:
     """A stage's results: `workdir/<stage>/results.json` (written by the trainer), else the entry
     the runner's summary holds for it, else `status="absent"`."""
-    st = _readable(results_lib.read_stage, os.path.join(workdir, name))
+    try:
+        st = _readable(results_lib.read_stage, os.path.join(workdir, name))
+    except ResultsDigestError as e:  # edited since: unfinished, so the run recomputes it
+        logging.warning("%s; the run counts as unfinished.", e)
+        return StageResults(stage=name, status="absent")
     if st is None and summary is not None:
         st = summary.stage(name)
     return st or StageResults(stage=name, status="absent")

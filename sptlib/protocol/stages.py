@@ -60,7 +60,7 @@ def _write_summary(workdir, config, summary, wall_time_s, data_info) -> results_
                      for n in config.stage_order),
         wall_time_s=wall_time_s, data=data_info)
     if is_main_process():
-        results_lib.write_json(path, out.to_json())
+        results_lib.write_json(path, results_lib.sealed(out.to_json()))
     return out
 
 

@@ -38,7 +38,7 @@ import jax
 from sptlib import data as data_lib
 from sptlib import errors
 from sptlib import write_errors
-from sptlib.errors import NonFiniteLossError, ResultsError
+from sptlib.errors import NonFiniteLossError, ResultsDigestError, ResultsError
 from sptlib.train import checkpoint as ckpt_lib
 from sptlib.train import config_history
 from sptlib.train import convergence
@@ -60,6 +60,21 @@ HISTORY_FILE = "history.json"
 def _write_json(path: epath.Path, obj):
     if is_main_process():
         results_lib.write_json(path, obj)
+
+
+def _read_verified(stage_name, stage_dir):
+    """The stage's results.json; one that differs from its digest (a number edited since) is
+    moved aside to results.json.edited and the stage goes on as without one: a finished stage
+    resumes at its last step and its metrics are recomputed from the checkpoints."""
+    try:
+        return results_lib.read_stage(stage_dir)
+    except ResultsDigestError as e:
+        aside = stage_dir / (RESULTS_FILE + ".edited")
+        logging.warning("[%s] %s Moved to %s; recomputing the metrics from the checkpoints.",
+                        stage_name, e, aside.name)
+        if is_main_process():
+            (stage_dir / RESULTS_FILE).replace(aside)
+        return None
 
 
 def train_stage(config, stage_name: str, workdir, *, task=None, resolved=None) -> StageResults:
@@ -93,7 +108,7 @@ def _train_stage(config, stage_name, workdir, task, resolved):
     fallback = start.check_best_exists(config, stage_name, workdir)  # best gone: one line
     source = start.upstream(config, stage_name, workdir)  # the checkpoint init_from names now
     start.check_inputs(config, stage_name, workdir, source)  # upstream changed: start afresh
-    previous = results_lib.read_stage(stage_dir)
+    previous = _read_verified(stage_name, stage_dir)
     if previous and previous.finished and (previous.final_step == int(stage.num_steps) or
                                            previous.stop_reason == convergence.PATIENCE):
         logging.info("[%s] already finished (%s); not training again.", stage_name,
@@ -136,7 +151,7 @@ def _train_stage(config, stage_name, workdir, task, resolved):
         results = dataclasses.replace(
             evaluation.final_evaluation(run, state), stop_reason=stop_reason, init=init_info,
             num_params=built.num_params, flops_per_step=setup.train_step_flops(built, strict=False))
-        _write_json(stage_dir / RESULTS_FILE, results.to_json())
+        _write_json(stage_dir / RESULTS_FILE, results_lib.sealed(results.to_json()))
         failed = False
         if stop.requested:  # during the last step / final evaluation: finished, saved, stop
             raise stop.error(f"[{stage_name}] finished, then stopped", "run it again to go on.")
@@ -320,9 +335,9 @@ class _Run:
         msg = (f"[{self.name}] diverged: {what}. Stopping the stage; {kept}{aside}. Lower the "
                f"learning rate, raise warmup or set optim.grad_clip, then rerun the same "
                f"command to resume from it.")
-        _write_json(self.stage_dir / RESULTS_FILE, StageResults(
+        _write_json(self.stage_dir / RESULTS_FILE, results_lib.sealed(StageResults(
             stage=self.name, status="diverged", final_step=self.step, last_good_step=good,
-            message=msg).to_json())
+            message=msg).to_json()))
         raise NonFiniteLossError(msg)
 
     def _log(self, values):

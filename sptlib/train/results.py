@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import tempfile
@@ -21,7 +22,7 @@ from typing import Any, Optional
 
 from etils import epath
 
-from sptlib.errors import ResultsError
+from sptlib.errors import ResultsDigestError, ResultsError
 
 RESULTS_FILE = "results.json"
 # What the runner's summary keeps of each stage, beside `objective` and the best metric's
@@ -129,6 +130,41 @@ def read_json(path) -> Any:
             f"the checkpoints") from e
 
 
+DIGEST_KEY = "digest"  # SHA-256 of the rest of a results file, written with it
+
+
+def _canonical(obj) -> dict:
+    """`obj` as it reads back from its JSON (NumPy scalars as numbers, tuples as lists)."""
+    return json.loads(json.dumps(obj, default=_json_default))
+
+
+def content_digest(data: dict) -> str:
+    """SHA-256 of a results object without its `digest` key: what a reader recomputes."""
+    rest = {k: v for k, v in data.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"),
+                                     default=_json_default).encode()).hexdigest()
+
+
+def sealed(obj: dict) -> dict:
+    """`obj` with its `digest`: the results as written by the trainer or the runner, so that a
+    number edited (or damaged) since reads as such, not as a result. The digest covers
+    `params_fingerprint` and `best_step`, which tie the numbers to their checkpoints."""
+    out = _canonical(obj)
+    out[DIGEST_KEY] = content_digest(out)
+    return out
+
+
+def check_digest(data, path) -> None:
+    """`ResultsDigestError` when `data` (read from `path`) carries a digest it does not match.
+    Files written before digests (no `digest` key) are accepted as they are."""
+    if isinstance(data, dict) and DIGEST_KEY in data and \
+            content_digest(data) != data[DIGEST_KEY]:
+        raise ResultsDigestError(
+            f"{path}: its numbers differ from the digest written with them (edited or damaged "
+            f"since); not reported. Rerun the same command: a stage's metrics are recomputed "
+            f"from its checkpoints")
+
+
 def _from_json(cls, data, where, **extra):
     """`cls` from a JSON object; keys that are no field (the summary's extras) are ignored."""
     if not isinstance(data, dict):
@@ -230,15 +266,24 @@ class RunResults:
 
 
 def read_stage(stage_dir) -> Optional[StageResults]:
-    """`stage_dir/results.json`, or None when there is none; `ResultsError` when unreadable."""
+    """`stage_dir/results.json`, or None when there is none; `ResultsError` when unreadable,
+    `ResultsDigestError` when it differs from its digest."""
     path = epath.Path(stage_dir) / RESULTS_FILE
-    return StageResults.from_json(read_json(path), str(path)) if path.exists() else None
+    if not path.exists():
+        return None
+    data = read_json(path)
+    check_digest(data, path)
+    return StageResults.from_json(data, str(path))
 
 
 def read_run(workdir) -> Optional[RunResults]:
     """`workdir/results.json`, or None when there is none; `ResultsError` when unreadable."""
     path = epath.Path(workdir) / RESULTS_FILE
-    return RunResults.from_json(read_json(path), str(path)) if path.exists() else None
+    if not path.exists():
+        return None
+    data = read_json(path)
+    check_digest(data, path)
+    return RunResults.from_json(data, str(path))
 
 
 def nested_diffs(old, new, prefix=""):
