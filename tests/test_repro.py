@@ -485,3 +485,48 @@ def test_compare_never_reports_an_edited_number(finished, tmp_path):
            "results.json, then sptlib.compare reads the run", "HELD: the summary's edit is "
            "ignored (the stage's verified file counts); the stage's edit makes the run "
            "unfinished (run again: recomputed); 0.987 is never reported")
+
+
+# -- item 1: determinism on CPU as a contract ----------------------------------------------------
+
+def _busy(cpu):
+    """A process spinning on CPU `cpu` (the 'busy machine')."""
+    import subprocess
+    return subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})"
+                             "\nwhile True: pass"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_a_cpu_run_is_bitwise_the_same_alone_and_beside_busy_processes(lra, tmp_path):
+    """The same short config, on one CPU: alone, then sharing that CPU with two processes that
+    spin on it: identical params fingerprints and metrics (the thread setting, the CPUs visible,
+    is the same; what it depends on is recorded in resolved.json `reproducibility`)."""
+    import subprocess
+    import time
+    from test_faults import _cli_env, _smoke_cmd
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    out = {}
+    for case in ("alone", "loaded"):
+        wd = tmp_path / case
+        busy = [_busy(cpu), _busy(cpu)] if case == "loaded" else []
+        try:
+            t0 = time.time()
+            p = subprocess.run(_smoke_cmd(lra, wd), cwd=ROOT, env=_cli_env(), text=True,
+                               capture_output=True, timeout=900,
+                               preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        finally:
+            for b in busy:
+                b.kill()
+                b.wait()
+        assert p.returncode == 0, p.stderr[-3000:]
+        res = json.loads((wd / "scratch" / "results.json").read_text())
+        resolved = json.loads((wd / "scratch" / "resolved.json").read_text())
+        out[case] = (res["params_fingerprint"], res["test"], res["validation"], res["history"],
+                     resolved["reproducibility"], time.time() - t0)
+    assert out["alone"][4]["cpus_visible"] == 1 and out["alone"][4] == out["loaded"][4]
+    assert out["alone"][:4] == out["loaded"][:4], (out["alone"][0], out["loaded"][0])
+    record("determinism", "the same short config on one CPU, alone and beside two processes "
+           "spinning on that CPU", f"HELD: identical params_fingerprint "
+           f"({out['alone'][0][:12]}...) and metrics; {out['alone'][5]:.0f} s alone, "
+           f"{out['loaded'][5]:.0f} s loaded")

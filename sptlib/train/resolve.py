@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import jax
@@ -81,7 +82,25 @@ class ResolvedStage:
             "learning_rates": {g: {"peak": lr, "from": origin}
                                for g, lr, origin in self.learning_rates},
             "sync_each_step": self.sync_each_step,
+            "reproducibility": reproducibility(),
         }
+
+
+def reproducibility() -> dict:
+    """What a bitwise-identical rerun must share besides the config and its seed (on CPU a run
+    is bitwise reproducible for these, whatever the machine's load: docs/training.md): the
+    platform, the JAX/XLA build, the device and process counts, the CPUs the process may use
+    (XLA:CPU's thread pools follow them) and the flags that change XLA's code."""
+    import jaxlib
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count()
+    return {"platform": jax.default_backend(), "jax": jax.__version__,
+            "jaxlib": getattr(jaxlib, "__version__", "?"), "devices": jax.device_count(),
+            "processes": jax.process_count(), "cpus_visible": cpus,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "native_cpu_kernels": os.environ.get("SPTLIB_NATIVE", "1") != "0"}
 
 
 def peak_learning_rates(cfg) -> dict:
