@@ -530,3 +530,22 @@ def test_a_cpu_run_is_bitwise_the_same_alone_and_beside_busy_processes(lra, tmp_
            "spinning on that CPU", f"HELD: identical params_fingerprint "
            f"({out['alone'][0][:12]}...) and metrics; {out['alone'][5]:.0f} s alone, "
            f"{out['loaded'][5]:.0f} s loaded")
+
+
+def test_a_read_only_data_folder_names_the_data_folder(lra, tmp_path, monkeypatch):
+    """The data generated into a folder that cannot be written (a read-only $SPTLIB_DATA; the
+    tests run as root, so the refusal is injected where the data is written): the line names
+    the data folder and how to choose another, not --workdir."""
+    import errno as errno_lib
+    from sptlib import data as data_lib
+    data = tmp_path / "ro_data"
+
+    def read_only(cfg):
+        raise PermissionError(errno_lib.EACCES, "Permission denied", str(data / "listops-1000"))
+    monkeypatch.setattr(data_lib, "get_task", read_only)
+    c = _config(lra)
+    c.data.lra_dir = str(data)
+    e = expect_error("data", "a data folder that cannot be written (read-only $SPTLIB_DATA)",
+                     lambda: stages.run(c, str(tmp_path / "wd")), errors.WriteError,
+                     "pick a writable data folder (--config.data.lra_dir=DIR or $SPTLIB_DATA)")
+    assert "--workdir" not in errors.one_line(e) and str(data) in errors.one_line(e)

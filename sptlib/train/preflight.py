@@ -241,6 +241,13 @@ def check_data(config) -> tuple:
         found = write_errors.find_write_error(e, os.path.abspath(lra_dir) if lra_dir else None)
         if found is None:
             raise
+        workdir_hint = "; pick a writable --workdir"
+        if str(found).endswith(workdir_hint):  # the data folder is at fault, not the workdir
+            errno_ = getattr(found, "errno", None)
+            found = type(found)(str(found)[:-len(workdir_hint)] + (
+                "; the task data is generated there: make that folder writable or pick a "
+                "writable data folder (--config.data.lra_dir=DIR or $SPTLIB_DATA)"))
+            found.errno = errno_
         raise found from e
     except ValueError as e:  # the data builders' own checks (task, input_type, fraction, ...)
         raise ConfigError(f"config.data: {e}") from e
