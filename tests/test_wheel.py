@@ -67,7 +67,8 @@ def test_wheel_holds_the_kernels_sources_and_the_experiments(wheel):
     for f in ("sptlib/kernels/platform/cpu/__init__.py", "sptlib/kernels/platform/cpu/build.py",
               "sptlib/kernels/platform/cpu/common.h", "sptlib/kernels/platform/cpu/fft_conv.cc",
               "sptlib/experiments/__init__.py", "sptlib/experiments/quickstart.py",
-              "sptlib/experiments/lra.py", "sptlib/launch/slurm.sbatch"):
+              "sptlib/experiments/lra.py", "sptlib/launch/slurm.sbatch", "sptlib/launch/tpu.py",
+              "sptlib/py.typed"):
         assert f in names, f
     cc = {os.path.basename(f)
           for f in glob.glob(os.path.join(ROOT, "sptlib/kernels/platform/cpu/*.cc"))}
