@@ -11,6 +11,7 @@ exist, a page outside the table of contents, a docstring autodoc cannot render o
 """
 
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +46,24 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 # Flax Linen modules are dataclasses: their fields are the constructor's keyword arguments.
 autodoc_default_options = {"show-inheritance": False}
+
+
+
+def _plural_code(app, what, name, obj, options, lines):
+    """`NamedSharding`s (a code name's plural, usual in the docstrings) is no valid reST: an
+    interpreted text's end must not touch a letter. An escaped space joins them invisibly."""
+    def join(m):
+        after = m.string[m.end():m.end() + 1]
+        return m.group(0) + ("\\ " if after.isalpha() else "")
+
+    for i, line in enumerate(lines):
+        # Pairs left to right (``literal`` pairs first), so an opening backtick never ends one.
+        lines[i] = re.sub(r"``[^`]+``|`[^`]+`", join, line)
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _plural_code)
+
 
 html_theme = "alabaster"
 html_title = f"sptlib {release}"
