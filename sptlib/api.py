@@ -1,7 +1,7 @@
 """sptlib's stable public API for other JAX code (docs/api.md): import from here.
 
 Names here keep their signatures across minor versions; anything imported from deeper modules
-may move. Shapes: `[batch, length, features]` for mixers and backbones.
+may move. Shapes: `[batch, length, features]` for mixers and backbones. The names by area::
 
   Mixers       MIXERS, get_mixer(name) -> Linen class; every mixer is
                cls(d_model=, causal=, dropout=, ...)(x, *, mask, deterministic) -> x's shape;

@@ -269,7 +269,7 @@ def test_all_paper_configs_compile(tmp_path):
 
 
 def test_paper_configs_load_from_the_package():
-    """`--all` reads every paper config from the packaged sptlib/experiments/ (no repository
+    """`--all` reads every paper config from the packaged experiments (no repository
     root involved: tests/test_wheel.py runs `sptlib.aot` from an installed wheel)."""
     names = [name for name, _ in aot.paper_configs()]
     assert "lra.py:listops,transformer,spt-masked" in names

@@ -303,7 +303,7 @@ def test_compare_flags_name_the_flag(flag, values, kind, bounds, needle):
 
 def test_compare_unknown_model_names_the_flag(tmp_path):
     with pytest.raises(errors.ConfigError, match="--models .*model 'nosuch'"):
-        compare.expand(str(ROOT / "sptlib" / "experiments" / "quickstart.py"), {}, workdir=str(tmp_path),
+        compare.expand(str(ROOT / "experiments" / "quickstart.py"), {}, workdir=str(tmp_path),
                        models=["nosuch"])
 
 

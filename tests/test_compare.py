@@ -177,7 +177,7 @@ def test_rand_init_adds_unstructured_variants_of_diagonal_ssms(tmp_path):
     """`--rand_init` on a real experiment file: s4d gets an `s4d-randinit` twin whose mixer is
     initialised randomly; models without a random initialiser (transformer, dlr) get none."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    _, specs = compare.expand(os.path.join(root, "sptlib", "experiments", "reproduce_local.py"), {},
+    _, specs = compare.expand(os.path.join(root, "experiments", "reproduce_local.py"), {},
                               workdir=str(tmp_path), regimes=["scratch"], seeds=[0],
                               rand_init=True)
     models = [s.model for s in specs]

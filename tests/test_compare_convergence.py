@@ -178,7 +178,7 @@ def test_real_fmnist784_conv_grid_expands_as_documented(tmp_path):
     import math
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    base, specs = compare.expand(os.path.join(root, "sptlib", "experiments", "real.py") + ":fmnist784_conv",
+    base, specs = compare.expand(os.path.join(root, "experiments", "real.py") + ":fmnist784_conv",
                                  {}, workdir=str(tmp_path))
     assert len(specs) == 70
     assert base.compare.equal_compute == equal_compute.SPENT

@@ -146,7 +146,7 @@ def test_speech_commands_presets_build_35_way_heads(release):
     from sptlib.configs import common
     from sptlib import models, objectives
 
-    module = common.load_module(os.path.join(ROOT, "sptlib", "experiments", "speech_commands.py"))
+    module = common.load_module(os.path.join(ROOT, "experiments", "speech_commands.py"))
     for model in ("transformer", "s4"):
         cfg = module.get_config(f"{model},scratch")
         with cfg.unlocked():

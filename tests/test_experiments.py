@@ -13,7 +13,7 @@ from sptlib.configs import common, presets, testing
 from sptlib.train import flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LRA = common.load_module(os.path.join(ROOT, "sptlib", "experiments", "lra.py"))
+LRA = common.load_module(os.path.join(ROOT, "experiments", "lra.py"))
 
 
 def fake_info(cfg):
@@ -136,7 +136,7 @@ def test_lra_config_trains_one_tiny_step(task, model, regime):
     assert set(losses) == set(cfg.stage_order)
 
 
-_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "sptlib", "experiments", "*.py"))
+_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
                 if os.path.basename(p) not in ("__init__.py", "smoke.py", "lra.py",
                                                # the user's data: test_your_data_doc trains it
                                                "files.py"))
@@ -179,7 +179,7 @@ def test_experiment_paths_resolve_to_the_package_from_any_folder(tmp_path, monke
     """`experiments/X.py` names the packaged file where the current folder has no such file; a
     user's own file at that relative path, or anywhere else, is loaded as given."""
     monkeypatch.chdir(tmp_path)
-    packaged = os.path.join(ROOT, "sptlib", "experiments", "lra.py")
+    packaged = os.path.join(ROOT, "experiments", "lra.py")
     assert os.path.samefile(common.resolve_config_path("experiments/lra.py"), packaged)
     assert os.path.samefile(common.resolve_config_path("./experiments/lra.py"), packaged)
     assert common.resolve_config("experiments/lra.py:listops,s4d").endswith("lra.py:listops,s4d")

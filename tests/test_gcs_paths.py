@@ -129,7 +129,7 @@ def test_compare_writes_its_records_report_and_plots_through_epath(tmp_path, mon
             (d / "results.json").write_text(json.dumps(res))
         return {}
 
-    path = str(pathlib.Path(__file__).parent.parent / "sptlib" / "experiments" / "quickstart.py")
+    path = str(pathlib.Path(__file__).parent.parent / "experiments" / "quickstart.py")
     writes = []
     with _fake_gcs(tmp_path / "gcs", writes, stop_at_first_write=False):
         _, specs = compare.expand(path, {}, workdir=root, seeds=[0, 1])

@@ -27,12 +27,12 @@ def _flag(argv, name):
 
 
 def test_jax_pin_matches_the_tested_constraints():
-    """The pod installs the jax the constraints file pins (what CI tests), inside setup.py's
+    """The pod installs the jax the constraints file pins (what CI tests), inside pyproject.toml's
     declared range."""
     pins = open(os.path.join(REPO, "constraints.txt")).read()
     assert re.search(r"^jax==([\d.]+)$", pins, re.M).group(1) == common.JAX_VERSION
-    setup = open(os.path.join(REPO, "setup.py")).read()
-    low = re.search(r'"jax>=([\d.]+),', setup).group(1)
+    project = open(os.path.join(REPO, "pyproject.toml")).read()
+    low = re.search(r'"jax>=([\d.]+),', project).group(1)
     assert tuple(map(int, low.split("."))) <= tuple(map(int, common.JAX_VERSION.split(".")))
 
 

@@ -13,7 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOUNDATION = {"errors", "write_errors", "vocab", "logs", "console", "import_path", "config_paths",
               "cli_help", "slices.meshes", "slices.topologies"}
 # What each layer may import from sptlib; "tools" (stages, compare, aot, bench, the CLIs and
-# the experiment files, sptlib/experiments/) may import everything.
+# the experiment files and the launchers: experiments/ and launch/, installed as
+# sptlib.experiments and sptlib.launch) may import everything.
 ALLOWED = {
     "foundation": {"foundation"},
     "kernels": {"kernels"},
@@ -41,15 +42,25 @@ def layer_of(module):
     return "tools"
 
 
+# Top-level folders of the clone that the wheel installs inside the package (setup.py).
+MAPPED = ("experiments", "launch")
+
+
 def module_name(path):
     rel = path.relative_to(ROOT).with_suffix("")
     parts = list(rel.parts)
+    if parts[0] in MAPPED:
+        parts = ["sptlib"] + parts
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-MODULES = {module_name(p) for p in (ROOT / "sptlib").rglob("*.py")}
+def library_files():
+    return sorted(p for top in ("sptlib", *MAPPED) for p in (ROOT / top).rglob("*.py"))
+
+
+MODULES = {module_name(p) for p in library_files()}
 
 
 def sptlib_imports(path):
@@ -83,10 +94,6 @@ def sptlib_imports(path):
     return out
 
 
-def library_files():
-    return sorted((ROOT / "sptlib").rglob("*.py"))
-
-
 def test_every_sptlib_import_goes_down_the_stack():
     bad = []
     for path in library_files():
@@ -102,7 +109,7 @@ def test_every_sptlib_import_goes_down_the_stack():
 def test_no_import_cycle():
     """No cycle among sptlib's modules, counting imports deferred into functions too (a deferred
     import hides a circle from Python, not from a reader)."""
-    modules = {module_name(p): p for p in (ROOT / "sptlib").rglob("*.py")}
+    modules = {module_name(p): p for p in library_files()}
     edges = {name: {t for t, _, _ in sptlib_imports(path) if t in modules and t != name}
              for name, path in modules.items()}
     # A package's __init__ imported by its own submodule is not a cycle (Python allows it).

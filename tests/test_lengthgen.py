@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(tmp_path, mixer):
-    c = common.load_module(os.path.join(ROOT, "sptlib", "experiments", "smoke.py")).get_config()
+    c = common.load_module(os.path.join(ROOT, "experiments", "smoke.py")).get_config()
     c.data.lra_dir = str(tmp_path / "lra")
     c.data.max_length = 48  # generated examples run to 128 tokens: most are truncated at 48
     c.model.mixer = mixer
@@ -97,7 +97,7 @@ def test_factor_two_on_a_model_with_a_known_answer(finished_run, tmp_path):
 def test_fixed_length_task_and_learned_positions_are_refused(finished_run):
     config, _ = finished_run
     img = common.load_module(
-        os.path.join(ROOT, "sptlib", "experiments", "reproduce_local.py")).get_config("s4d,scratch")
+        os.path.join(ROOT, "experiments", "reproduce_local.py")).get_config("s4d,scratch")
     with pytest.raises(lengthgen.LengthGeneralizationUnsupported, match="fixed input length"):
         lengthgen.longer_config(img, 2.0, 256)
     # evaluate refuses before reading data or checkpoints (this workdir does not exist).

@@ -18,7 +18,7 @@ from sptlib.data import lm
 from sptlib.layers import get_mixer
 from sptlib.layers.blocks import FeedForward, Norm
 
-EXP = os.path.join(os.path.dirname(__file__), "..", "sptlib", "experiments", "gss_lm.py")
+EXP = os.path.join(os.path.dirname(__file__), "..", "experiments", "gss_lm.py")
 V = lm.BYTE_LM_VOCAB_SIZE
 
 

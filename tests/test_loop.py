@@ -27,7 +27,7 @@ from sptlib.train import results as results_lib
 from sptlib.train import sharding
 from sptlib.train import steps
 
-_SMOKE = epath.Path(__file__).parent.parent / "sptlib" / "experiments" / "smoke.py"
+_SMOKE = epath.Path(__file__).parent.parent / "experiments" / "smoke.py"
 
 
 def _load_smoke():

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _smoke():
     spec = importlib.util.spec_from_file_location("smoke", os.path.join(ROOT,
-                                                                         "sptlib/experiments/smoke.py"))
+                                                                         "experiments/smoke.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()

@@ -21,7 +21,7 @@ from sptlib.models import build_model
 from sptlib.models import config as model_config_lib
 
 ROOT = pathlib.Path(__file__).parents[1]
-LRA = common.load_module(str(ROOT / "sptlib" / "experiments" / "lra.py"))
+LRA = common.load_module(str(ROOT / "experiments" / "lra.py"))
 
 
 def _model_cfg(mixer, **kw):
@@ -236,7 +236,7 @@ def test_bow_ignores_token_order(encoder):
 def test_grids_hold_variants_priors_and_the_bow_control(tmp_path):
     """`grid=priors` / `grid=wide` expand to their models × regimes × 3 seeds, with the bow
     control in every grid under scratch only (no JAX)."""
-    cfg = str(ROOT / "sptlib" / "experiments" / "lra.py")
+    cfg = str(ROOT / "experiments" / "lra.py")
     _, specs = compare.expand(cfg + ":listops-cpu,grid=priors", {}, workdir=str(tmp_path))
     cells = sorted({(s.model, s.regime) for s in specs})
     assert cells == sorted([(m, g) for m in ("transformer", "s4d")
@@ -253,7 +253,7 @@ def test_grids_hold_variants_priors_and_the_bow_control(tmp_path):
     for grid in LRA.GRIDS:
         assert "bow" in LRA.get_config(f"listops,grid={grid}").compare.models
     # The quickstart keeps its 10-minute grid; the control is one flag away there.
-    _, qs = compare.expand(str(ROOT / "sptlib" / "experiments" / "quickstart.py"), {},
+    _, qs = compare.expand(str(ROOT / "experiments" / "quickstart.py"), {},
                            workdir=str(tmp_path / "qs"), models=["transformer", "s4d", "bow"])
     assert {s.config.model.pattern for s in qs if s.model == "bow"} == {"bow"}
     assert os.path.basename(specs[0].workdir) == "seed0"

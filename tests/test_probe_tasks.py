@@ -12,7 +12,7 @@ from sptlib.data import data_config, get_task, probes, task_info
 from sptlib.protocol import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPERIMENT = os.path.join(ROOT, "sptlib", "experiments", "probes.py")
+EXPERIMENT = os.path.join(ROOT, "experiments", "probes.py")
 
 
 def _cfg(task, **sizes):
@@ -135,7 +135,7 @@ def test_standalone_grid_chooses_lr_on_validation_only(tmp_path):
     import json
 
     from sptlib.configs import common
-    runner = common.load_module(os.path.join(ROOT, "sptlib", "experiments", "selective.py"))
+    runner = common.load_module(os.path.join(ROOT, "experiments", "selective.py"))
     val = {1e-3: 0.4, 3e-3: 0.9, 1e-2: 0.9}  # a tie: the first of the best (3e-3)
 
     def write(test_of):

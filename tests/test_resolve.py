@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _smoke():
-    return common.load_module(os.path.join(ROOT, "sptlib/experiments/smoke.py")).get_config()
+    return common.load_module(os.path.join(ROOT, "experiments/smoke.py")).get_config()
 
 
 def test_build_stage_builds_from_the_resolved_stage():

@@ -302,7 +302,7 @@ def test_command_line_bad_file_is_one_line_exit_2(tmp_path):
     env.pop("XLA_FLAGS", None)
     wd = tmp_path / "wd"
     p = subprocess.run([sys.executable, "-m", "sptlib.main",
-                        f"--config={root}/sptlib/experiments/files.py:train={tmp_path / 'bad.npy'}",
+                        f"--config={root}/experiments/files.py:train={tmp_path / 'bad.npy'}",
                         f"--workdir={wd}"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=300)
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
@@ -337,7 +337,7 @@ def test_every_compare_regime_runs_on_files(kind, tmp_path):
     env.pop("XLA_FLAGS", None)
     p = subprocess.run(
         [sys.executable, "-m", "sptlib.compare",
-         f"--config={root}/sptlib/experiments/files.py:train={train},steps=2,pretrain_steps=2,"
+         f"--config={root}/experiments/files.py:train={train},steps=2,pretrain_steps=2,"
          f"d_model=16,n_layers=1,batch=8,eval_every=2", "--workdir=runs",
          "--models=transformer,mixers:Cumulative", f"--regimes={','.join(REGIMES)}"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=3000)

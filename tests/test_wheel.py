@@ -1,8 +1,11 @@
-"""The package is the product: a wheel built from this checkout, installed into a fresh
-virtualenv outside it (with constraints.txt), runs the README's commands from a folder that holds
-no sptlib file, and the core install pulls no TensorFlow.
+"""The package is the product: `python -m build` makes an sdist and a wheel from this checkout
+(the wheel built from the sdist, so the sdist is complete), `twine check` passes on both, the
+wheel installed into a fresh virtualenv outside the checkout (with constraints.txt) runs the
+README's commands from a folder that holds no sptlib file and its core install pulls no
+TensorFlow, the sdist installed into another fresh virtualenv runs the smoke config, and an
+editable install there maps `sptlib.experiments` to the checkout's top-level `experiments/`.
 
-Slow (a virtualenv and a real install: docs/launching.md has the measured time); .ci/run runs it
+Slow (virtualenvs and real installs: docs/launching.md has the measured time); .ci/run runs it
 as its own step. Nothing in the checkout is on the installed interpreter's path (no PYTHONPATH,
 the commands run in an empty folder), so a file the wheel misses fails here.
 """
@@ -12,10 +15,13 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 
 import pytest
+
+import sptlib
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +46,26 @@ def _run(cmd, cwd, timeout=900):
     return out
 
 
+VERSION = sptlib.__version__
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    dist = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), ROOT],
-         cwd=str(dist))
-    (path,) = glob.glob(str(dist / "sptlib-*.whl"))
-    return path
+def dist(tmp_path_factory):
+    """`python -m build`: the sdist, then the wheel built from it; both pass `twine check`."""
+    out = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--outdir", str(out), ROOT], cwd=str(out))
+    sdist, wheel = str(out / f"sptlib-{VERSION}.tar.gz"), \
+        str(out / f"sptlib-{VERSION}-py3-none-any.whl")
+    assert sorted(glob.glob(str(out / "*"))) == sorted([sdist, wheel])
+    checked = _run([sys.executable, "-m", "twine", "check", "--strict", sdist, wheel],
+                   cwd=str(out)).stdout
+    assert checked.count("PASSED") == 2, checked
+    return sdist, wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(dist):
+    return dist[1]
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +86,58 @@ def test_wheel_holds_the_kernels_sources_and_the_experiments(wheel):
     for f in ("sptlib/kernels/platform/cpu/__init__.py", "sptlib/kernels/platform/cpu/build.py",
               "sptlib/kernels/platform/cpu/common.h", "sptlib/kernels/platform/cpu/fft_conv.cc",
               "sptlib/experiments/__init__.py", "sptlib/experiments/quickstart.py",
-              "sptlib/experiments/lra.py", "sptlib/launch/slurm.sbatch"):
+              "sptlib/experiments/lra.py", "sptlib/launch/slurm.sbatch", "sptlib/launch/tpu.py",
+              "sptlib/py.typed"):
         assert f in names, f
     cc = {os.path.basename(f)
           for f in glob.glob(os.path.join(ROOT, "sptlib/kernels/platform/cpu/*.cc"))}
     assert cc <= {os.path.basename(n) for n in names}
     assert not [n for n in names if n.startswith(("experiments/", "tests/", "launch/"))]
+    # The release metadata: the version read from sptlib.__version__, the license.
+    meta = zipfile.ZipFile(wheel).read(f"sptlib-{VERSION}.dist-info/METADATA").decode()
+    assert f"\nVersion: {VERSION}\n" in meta and "Apache Software License" in meta
+    assert f"sptlib-{VERSION}.dist-info/licenses/LICENSE" in names
+
+
+def test_sdist_holds_the_layout_and_installs_and_runs_the_smoke_config(dist, tmp_path):
+    """The sdist (what PyPI users without a matching wheel build from) has the top-level
+    experiments/ and launch/ and the release files; installed into a fresh virtualenv it runs the
+    smoke config from an empty folder; an editable install of this checkout into the same
+    virtualenv then finds the checkout's top-level experiments/ from any folder."""
+    sdist = dist[0]
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for f in ("experiments/quickstart.py", "experiments/smoke.py", "launch/slurm.sbatch",
+              "launch/tpu.py", "sptlib/py.typed", "sptlib/kernels/platform/cpu/fft_conv.cc",
+              "LICENSE", "pyproject.toml", "setup.py", "README.md"):
+        assert f in names, f
+    where = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(where)], cwd=str(tmp_path))
+    python = str(where / "bin" / "python")
+    t0 = time.time()
+    _run([python, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, sdist], cwd=str(tmp_path),
+         timeout=1800)
+    print(f"sdist install: {time.time() - t0:.0f} s")
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    _run([python, "-m", "sptlib.main", "--config=experiments/smoke.py", "--workdir=smoke",
+          "--config.stages.pretrain.num_steps=2", "--config.stages.finetune.num_steps=2"],
+         cwd=str(work))
+    results = json.loads((work / "smoke" / "results.json").read_text())
+    assert results["complete"] and results["stage_order"] == ["pretrain", "finetune"]
+    code = ("import sptlib, sptlib.experiments as e, sptlib.launch as l; "
+            "print(sptlib.__version__); print(e.__file__); print(l.__file__)")
+    lines = _run([python, "-c", code], cwd=str(work)).stdout.splitlines()
+    assert lines[0] == VERSION and all("site-packages" in x for x in lines[1:]), lines
+
+    # Editable: the checkout's own folders, from any folder (the dependencies are there already).
+    _run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT], cwd=str(tmp_path))
+    lines = _run([python, "-c", code], cwd=str(work)).stdout.splitlines()
+    assert lines[1:] == [os.path.join(ROOT, "experiments", "__init__.py"),
+                         os.path.join(ROOT, "launch", "__init__.py")], lines
+    out = _run([python, "-m", "sptlib.main", "--config=experiments/quickstart.py",
+                "--print_config"], cwd=str(work))
+    assert [s["stage"] for s in json.loads(out.stdout)] == ["pretrain", "finetune"]
 
 
 def test_core_install_pulls_no_tensorflow(venv, wheel, tmp_path):
@@ -86,7 +151,7 @@ def test_core_install_pulls_no_tensorflow(venv, wheel, tmp_path):
             for item in json.loads(report.read_text())["install"]}
     assert {"jax", "flax", "tensorboardx", "sptlib"} <= core
     assert not core & set(TF_DISTS), sorted(core & set(TF_DISTS))
-    meta = zipfile.ZipFile(wheel).read("sptlib-0.1.0.dist-info/METADATA").decode()
+    meta = zipfile.ZipFile(wheel).read(f"sptlib-{VERSION}.dist-info/METADATA").decode()
     tf = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist: tensorflow")]
     assert all("; extra == " in ln for ln in tf), tf  # never unconditional
     assert sum('extra == "tfds"' in ln for ln in tf) == 2, tf  # tensorflow-cpu and -datasets
@@ -144,7 +209,7 @@ def test_installed_wheel_runs_the_commands_from_an_empty_folder(venv, tmp_path):
                 "--dry-run"], cwd=str(work))
     assert f"cd {work}" in out.stdout and "-m sptlib.main" in out.stdout
     out = _run([venv, "-m", "sptlib.launch.tpu", "setup", "--name=spt", "--zone=z",
-                "--source=wheel", "--wheel=sptlib-0.1.0-py3-none-any.whl", "--dry-run"],
+                "--source=wheel", f"--wheel=sptlib-{VERSION}-py3-none-any.whl", "--dry-run"],
                cwd=str(work))
     assert "tpu-vm scp" in out.stdout
 

@@ -95,7 +95,7 @@ def matmul_peak(sizes=(2048, 4096), repeats=5, max_seconds=10.0, emit=common.emi
 
 
 def load_config(spec):
-    """`lra.py:listops,s4,spt-masked` (a packaged experiment file, `sptlib/experiments/`) or a
+    """`lra.py:listops,s4,spt-masked` (a packaged experiment file, `experiments/`) or a
     path[:arg] of the user's own -> ConfigDict."""
     path, _, arg = spec.partition(":")
     if not os.path.exists(path) and os.path.isfile(os.path.join(config_common.EXPERIMENTS_DIR,

@@ -1,7 +1,7 @@
 """Experiment config builders: what the files in `experiments/` are written with.
 
 - `common.py`: argument strings (`parse_arg`, `format_arg`), resolving (`experiments/X.py` is
-  the packaged `sptlib/experiments/X.py`) and loading an experiment file, the `--config` flag;
+  the packaged `experiments/X.py`, sptlib.config_paths) and loading an experiment file, the `--config` flag;
 - `paper.py`: the paper table (`TASKS`: one `TaskSpec` per task, a `Recipe` per model family);
 - `presets.py`: the regimes and `build(task, model, regime)`, the paper-size config;
 - `variants.py`: model names with an architecture variant, the bag-of-words control, mlpinit;

@@ -6,8 +6,8 @@ fill the file's positional slots in order (e.g. `listops,s4d,spt-masked` → tas
 `regime=` added, so every file must accept those two keys.
 
 Config files are addressed as `experiments/<name>.py[:arg]`: the experiment files ship inside
-the package (`sptlib/experiments/`), and `resolve_config_path` maps `experiments/<name>.py` to
-the packaged file whenever no such file exists relative to the current directory, so the same
+the package (a clone's top-level `experiments/`, installed as `sptlib/experiments/`), and
+`resolve_config_path` maps `experiments/<name>.py` to that file whenever no such file exists relative to the current directory, so the same
 command works from a clone and, after `pip install`, from any folder. Any other path is the
 user's own file, loaded as given.
 """
