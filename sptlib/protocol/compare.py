@@ -220,6 +220,12 @@ def _add_extras(rec, spec, length_factors, length_eval_fn, report_only, log) -> 
                                        evaluate=not report_only, log=log)
     elif length_factors and rec["status"] == "finished" and not report_only:
         rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn, log)
+    slices = tuple(spec.config.compare.get("length_slices", ()) or ())
+    if slices and rec["status"] == "finished":
+        # Probes: accuracy per slice (e.g. num_pairs=32) at 1x and each factor (lengthgen).
+        from sptlib.protocol import lengthgen  # deferred: pulls in JAX
+        rec["length_slices"] = lengthgen.slice_results(
+            spec.config, spec.workdir, slices, length_factors, cached_only=report_only, log=log)
 
 
 def _length_eval(spec, factors, fn, log) -> dict:
