@@ -41,3 +41,38 @@ def test_settings_override_and_models():
         EXP.get_config("mqar,motif_size=2")
     with pytest.raises(ValueError, match="unknown probe task"):
         EXP.get_config("mad_copying")
+
+
+def test_suite_runs_a_grid_per_setting_and_tables_mad_scores(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    calls = []
+
+    def fake_call(cmd):  # write the grid's records as compare would
+        calls.append(cmd)
+        work = next(c for c in cmd if c.startswith("--workdir=")).split("=", 1)[1]
+        os.makedirs(work, exist_ok=True)
+        acc = 1.0 if "baseline" in work else 0.5
+        recs = [{"model": "s4d", "regime": "scratch", "seed": s, "status": "finished",
+                 "test_accuracy": acc if s else 0.1} for s in range(3)]
+        with open(os.path.join(work, "comparison.json"), "w") as f:
+            json.dump(recs, f)
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    EXP.main([f"--workdir={tmp_path}", "--tasks=mad_memorization,mad_compression",
+              "--settings=all", "--seeds=0,1,2"])
+    names = sorted(os.listdir(tmp_path / "mad_memorization"))
+    assert names == ["baseline", "vocab_size=1024", "vocab_size=2048", "vocab_size=4096",
+                     "vocab_size=512", "vocab_size=8192"]
+    assert len(calls) == 6 + 1 + 3 + 3 + 4  # memorisation: 1 + 5; compression: 1 + 3 + 3 + 4
+    assert any(c[3].endswith("mad.py:mad_memorization,vocab_size=512") for c in calls)
+    assert all("--seeds=0,1,2" in c for c in calls)
+    table = (tmp_path / "mad_table.md").read_text()
+    assert "| mad_memorization | baseline | s4d | scratch | 70.0 ± 129.1 (3) | 2/3" in table
+    # (0.1, 1, 1): t_2 = 4.303, s = 0.5196, half-width 4.303 * 0.5196 / sqrt(3) = 1.291.
+    # MAD score: memorisation's mean over 6 settings (0.7 once, (0.1 + 0.5 + 0.5) / 3 five
+    # times), compression's over 11 (0.7 once, 0.3667 ten times), then their mean.
+    mem = (0.7 + 5 * 1.1 / 3) / 6
+    comp = (0.7 + 10 * 1.1 / 3) / 11
+    assert f"| s4d | scratch | 2 | {100 * (mem + comp) / 2:.1f} |" in table

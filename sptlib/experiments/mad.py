@@ -5,6 +5,14 @@ protocol: scratch, equal-compute scratch and causal-LM SPT on the probe's own tr
     python -m sptlib.compare --config=experiments/mad.py:mad_in_context_recall,length=256 \
         --workdir=DIR
     python -m sptlib.compare --config=experiments/mad.py:mqar --workdir=DIR --report_only
+    python -m sptlib.experiments.mad --workdir=DIR [--tasks=mad_in_context_recall,...]
+        [--settings=baseline|all] [--jobs=2] [compare flags: --models=.. --seeds=.. ...]
+
+The last runs the suite: one `sptlib.compare` grid per (task, setting) into
+DIR/<task>/<setting>/ (settings: MAD's baseline, or `all`: each difficulty axis changed alone,
+`mad.MAD_SETTINGS`), then DIR/mad_table.md: per task x setting x model x regime the test
+accuracy (mean ± t-interval), the success rate (Wilson) and, per model x regime, MAD's score
+(`mad.mad_score`: per task the mean accuracy over its settings, then the mean over tasks).
 
 Tasks (`sptlib.data.mad`): mad_in_context_recall | mad_noisy_recall | mad_fuzzy_recall |
 mad_selective_copying | mad_compression | mad_memorization (MAD's baseline settings,
@@ -125,3 +133,96 @@ def get_config(arg="mqar"):
         c.compare.length_slices = LENGTH_SLICES.get(task, ())
         c.compare.success_threshold = SUCCESS_THRESHOLD
     return c
+
+
+def setting_name(setting, base):
+    """'baseline' or the changed axes, 'length=256'."""
+    changed = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+               for k, v in setting.items() if base.get(k) != v]
+    return ",".join(changed) or "baseline"
+
+
+def suite_table(workdir, tasks, threshold=SUCCESS_THRESHOLD):
+    """mad_table.md's text from DIR/<task>/<setting>/comparison.json (whatever has finished)."""
+    import json
+    import os
+
+    from sptlib.protocol import bimodal, stats
+    from sptlib.protocol.records import finished
+
+    lines = [f"# The MAD suite under the protocol ({workdir})", "",
+             f"Test accuracy (%): mean ± 95% t-interval over seeds; success: runs at or above "
+             f"{threshold:g}% with the 95% Wilson interval.", "",
+             "| task | setting | model | regime | test accuracy | success |",
+             "|---|---|---|---|---|---|"]
+    per_cell = {}  # (model, regime) -> {task: [mean accuracy per setting]}
+    for task in tasks:
+        root = os.path.join(workdir, task)
+        if not os.path.isdir(root):
+            continue
+        for name in sorted(os.listdir(root)):
+            path = os.path.join(root, name, "comparison.json")
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                recs = finished(json.load(f))
+            cells = {}
+            for r in recs:
+                cells.setdefault((r["model"], r["regime"]), []).append(r["test_accuracy"])
+            for (m, g), accs in sorted(cells.items()):
+                iv = stats.mean_ci(accs)
+                k = sum(1 for a in accs if 100 * a >= threshold)
+                lines.append(f"| {task} | {name} | {m} | {g} | {iv.format(100)} ({iv.n}) | "
+                             f"{bimodal.wilson(k, len(accs)).format()} |")
+                per_cell.setdefault((m, g), {}).setdefault(task, []).append(iv.mean)
+    if per_cell:
+        lines += ["", "MAD score (%): per task the mean accuracy over its settings run here, then "
+                  "the mean over tasks (MAD picks each setting's best lr; here one lr).", "",
+                  "| model | regime | tasks | MAD score | per task |", "|---|---|---|---|---|"]
+        for (m, g), by_task in sorted(per_cell.items()):
+            score, per = mad.mad_score(by_task)
+            detail = ", ".join(f"{t} {100 * v:.1f}" for t, v in per.items())
+            lines.append(f"| {m} | {g} | {len(per)} | {100 * score:.1f} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    """The suite: a compare grid per (task, setting), then mad_table.md (module docstring)."""
+    import argparse
+    import os
+    import subprocess
+    import sys
+
+    ap = argparse.ArgumentParser(description="The MAD suite under sptlib.compare.")
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--tasks", default=",".join(mad.MAD_TASKS))
+    ap.add_argument("--settings", default="baseline", choices=("baseline", "all"))
+    a, rest = ap.parse_known_args(argv)
+    tasks = [t for t in a.tasks.split(",") if t]
+    for t in tasks:
+        _settings(t)  # an unknown task: one line before anything runs
+    here = os.path.abspath(__file__)
+    failed = []
+    for task in tasks:
+        base = _settings(task)
+        settings = ([base] if a.settings == "baseline" or task not in mad.MAD_SETTINGS
+                    else mad.mad_settings(task))
+        for st in settings:
+            name = setting_name(st, base)
+            arg = ",".join([task] + [f"{k}={v}" for k, v in st.items() if base.get(k) != v])
+            cmd = [sys.executable, "-m", "sptlib.compare", f"--config={here}:{arg}",
+                   f"--workdir={os.path.join(a.workdir, task, name)}", *rest]
+            print(" ".join(cmd), flush=True)
+            if subprocess.call(cmd):
+                failed.append(f"{task}/{name}")
+    text = suite_table(a.workdir, tasks)
+    os.makedirs(a.workdir, exist_ok=True)
+    with open(os.path.join(a.workdir, "mad_table.md"), "w") as f:
+        f.write(text)
+    print(text)
+    if failed:
+        sys.exit(f"grids not finished: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
