@@ -306,10 +306,15 @@ def plot_frontier(records, path, confidence=0.95) -> str | None:
 
 
 def plot_steps_to_learn(records, path, threshold=None) -> str | None:
-    """steps_to_learn.png: Kaplan-Meier P(not learned yet) against step, a panel per regime."""
+    """steps_to_learn.png: Kaplan-Meier P(not learned yet) against step, a panel per regime
+    (probe grids and grids with a bimodal cell only)."""
     cells = _cells(records)
     threshold = threshold if threshold is not None else success_threshold(records)
-    curves = {k: bimodal.summarize(v, threshold) for k, v in cells.items()}
+    chance = plotting.chance_accuracy(finished(records))
+    curves = {k: bimodal.summarize(v, threshold, chance) for k, v in cells.items()}
+    # Only where the success section is shown (probes, or a bimodal cell), as in `markdown`.
+    if not (is_probe(records) or any(s.bimodal for s in curves.values())):
+        return None
     curves = {k: s for k, s in curves.items() if len(s.km) > 1 or s.censored}
     if not curves:
         return None
