@@ -178,7 +178,8 @@ def fuzzy_recall(num, *, length=128, vocab_size=16, motif_size=3, seed=0, held_o
     motif_size distinct value tokens, fixed per key motif within a sequence); left-padded with
     blanks; the last pair repeats an earlier key. At a repeated key's last token the answer is
     its value's first token, at value token j the value's token j + 1 (every value token is
-    predicted from what precedes it). A loop over pairs, vectorised over the block."""
+    predicted from what precedes it). Vectorised over the block: pairs in fixed slots, then
+    compacted."""
     fuzzy_recall_info(length=length, vocab_size=vocab_size, motif_size=motif_size)
     K = vocab_size // 2
     V = vocab_size - K
@@ -191,45 +192,41 @@ def fuzzy_recall(num, *, length=128, vocab_size=16, motif_size=3, seed=0, held_o
         return np.where(np.arange(size_max) < size[..., None], tok, -1), size
 
     def fill(rng, n, inputs, targets):
-        # Enough pairs to fill the length at the smallest motifs; the sequence is cut to fit.
+        # Pair slots [n, P, 2m] (key tokens, then value tokens, -1 past each motif), cut to the
+        # pairs that fit before the final repeat, then compacted to the right end of the row.
         P = length // 2
+        rows = np.arange(n)
         kmot, ksize = motifs(rng, n, P, m, K)
+        vmot, vsize = motifs(rng, n, P, m, V)
         # Key identity: the motif as a number (distinct motifs, distinct codes).
         code = ((kmot + 1) * (K + 1) ** np.arange(m)).sum(-1)
-        vmot_all, vsize_all = motifs(rng, n, P, m, V)
-        # A key's value: the value motif of its first occurrence (later pairs reuse it).
-        first_idx = np.zeros((n, P), int)
-        for p in range(P):
-            same = code[:, :p + 1] == code[:, p:p + 1]
-            first_idx[:, p] = same.argmax(1)
-        rows = np.arange(n)[:, None]
-        vmot, vsize = vmot_all[rows, first_idx], vsize_all[rows, first_idx]
-        plen = ksize + vsize
-        for i in range(n):
-            # Pairs that fit before the final repeat (at most 2 * m tokens).
-            budget = length - 2 * m
-            cum = np.cumsum(plen[i])
-            k = int(np.searchsorted(cum, budget, side="right"))
-            k = max(k, 1)
-            j = int(rng.integers(0, k))  # the pair the last one repeats
-            order = list(range(k)) + [j]
-            seq, tgt = [], []
-            seen = set()
-            for p in order:
-                kt = kmot[i, p][kmot[i, p] >= 0]
-                vt = vmot[i, p][vmot[i, p] >= 0]
-                rep = code[i, p] in seen
-                seen.add(code[i, p])
-                seq += list(FIRST_ID + kt) + list(FIRST_ID + K + vt)
-                t = [-1] * (len(kt) + len(vt))
-                if rep:  # predict each value token from the token before it
-                    for a in range(len(vt)):
-                        t[len(kt) - 1 + a] = int(vt[a])
-                tgt += t
-            pad = length - len(seq)
-            inputs[i, pad:] = seq
-            targets[i, pad:] = tgt
-
+        # A key's value: the value motif of its first occurrence (later pairs reuse it); before
+        # the lengths are summed, since a reused value has its own length.
+        same = (code[:, :, None] == code[:, None, :]) & np.tri(P, dtype=bool)
+        first = same.argmax(2)
+        vmot, vsize = vmot[rows[:, None], first], vsize[rows[:, None], first]
+        cum = np.cumsum(ksize + vsize, axis=1)
+        k = np.maximum((cum <= length - 2 * m).sum(1), 1)  # pairs before the repeat
+        j = (rng.random(n) * k).astype(int)                  # the pair the last one repeats
+        for a in (kmot, vmot, ksize, vsize, code):
+            a[rows, k] = a[rows, j]
+        keep = np.arange(P) <= k[:, None]
+        ids = np.where(keep, code, -1 - np.arange(P))        # dropped pairs: never repeats
+        rep = keep & ~_first_occurrence(ids)
+        tok = np.concatenate([np.where(kmot >= 0, FIRST_ID + kmot, -1),
+                              np.where(vmot >= 0, FIRST_ID + K + vmot, -1)], axis=2)
+        tgt = np.full((n, P, 2 * m), -1)
+        # Repeated key: its last token answers the value's first token, value token a its a + 1.
+        nxt = np.concatenate([vmot, np.full((n, P, 1), -1)], axis=2)
+        tgt[rows[:, None], np.arange(P), ksize - 1] = np.where(rep, vmot[..., 0], -1)
+        tgt[..., m:] = np.where(rep[..., None] & (np.arange(m) < vsize[..., None] - 1),
+                                nxt[..., 1:], -1)
+        valid = (tok >= 0) & keep[..., None]
+        tok, tgt, valid = tok.reshape(n, -1), tgt.reshape(n, -1), valid.reshape(n, -1)
+        r, c = np.nonzero(valid)
+        col = length - valid.sum(1)[r] + (np.cumsum(valid, axis=1)[r, c] - 1)
+        inputs[r, col] = tok[r, c]
+        targets[r, col] = tgt[r, c]
     return _generate(num, seed, held_out, length, fill)
 
 
