@@ -287,6 +287,9 @@ def plot_frontier(records, path, confidence=0.95) -> str | None:
             ax.step([f[0] for f in front], [f[1] for f in front], where="post", color="0.3",
                     linestyle="--", linewidth=1, label="Pareto front")
         ax.set_xscale("log")
+        # The log axis's minor labels overprint each other within one decade.
+        from matplotlib.ticker import NullFormatter
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(label)
         ax.set_ylim(0, 102)
         ax.grid(alpha=0.3)
