@@ -287,9 +287,14 @@ def plot_frontier(records, path, confidence=0.95) -> str | None:
             ax.step([f[0] for f in front], [f[1] for f in front], where="post", color="0.3",
                     linestyle="--", linewidth=1, label="Pareto front")
         ax.set_xscale("log")
-        # The log axis's minor labels overprint each other within one decade.
-        from matplotlib.ticker import NullFormatter
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        # Ticks at the cells' own costs: a log axis within one decade has no major label, and
+        # its minor labels overprint each other.
+        xs = []
+        for x in sorted({pts[i][2][key] for i in idx}):
+            if not xs or x > 1.08 * xs[-1]:  # near-equal costs share one label
+                xs.append(x)
+        ax.set_xticks(xs, [f"{x:.3g}" for x in xs], rotation=40, fontsize=7, ha="right")
+        ax.set_xticks([], minor=True)
         ax.set_xlabel(label)
         ax.set_ylim(0, 102)
         ax.grid(alpha=0.3)
