@@ -41,8 +41,11 @@ memorisation and compression, have none), and the fairness frontier (frontier.pn
 against parameters, training FLOPs and recurrent state bytes (`state_bytes` of the records
 when present), Pareto front marked.
 
-Measured (2026-12-07, 2 shared CPU cores, `--jobs=2`): see docs/reproducing.md, "MQAR under the
-protocol"; the grid of the issue (every MAD task x difficulty, ~2 h) was not run.
+Measured (2026-12-07/08, 2 CPU cores shared with ~8 other jobs, load average 19-30, `--jobs=2
+--length_factors=2`): the MQAR grid did not fit in the session: 16 of its 27 runs finished in
+~65 min of wall time (a run: 2-11 min; seed 0 of every cell, then three seeds of {transformer,
+s4d} x {scratch, spt-causal}); tables in docs/reproducing.md, "MQAR and the MAD suite under the
+protocol". The issue's grid (every MAD task x difficulty, ~2 h on an idle machine) was not run.
 
     get_config("task[,model,regime][,steps=..][,pretrain_steps=..][,length=..][,num_pairs=..]
                 [,vocab_size=..][,num_train=..][,num_eval=..][,eval_every=..][,seeds=..]
