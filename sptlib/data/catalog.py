@@ -18,6 +18,8 @@ registry. Task defaults (LRA / the SPT paper):
   pg19 / lm1b      causal LM (SentencePiece or bytes)      TFDS pg19 / lm1b (lm.py, causal_lm.py)
   associative_recall / selective_copying  per-position labels, 128 / 256   generated in memory
                                                            (probes.py, probe_tasks.py)
+  mad_* / mqar / induction_heads  the MAD suite, MQAR, induction heads    generated in memory
+                                  (per-position labels; MAD baselines)     (mad.py)
   files            the user's JSON Lines / CSV / Parquet / NumPy files (user_files.py)
   pkg.module:build the user's own builder, by import path
 Every `Task.info` (and so its sequence length) is `sptlib.data.defaults.task_info(config.data)`.

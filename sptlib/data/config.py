@@ -8,7 +8,7 @@ import os
 
 import ml_collections
 
-from sptlib.data import lm, user_files
+from sptlib.data import lm, mad, user_files
 
 DATA_ENV = "SPTLIB_DATA"
 
@@ -24,7 +24,7 @@ def data_root() -> str:
 
 TASKS = ("listops", "text", "retrieval", "image", "scifar", "pathfinder", "pathx", "pathx256",
          "speech_commands", "fashion_mnist", "lines", "code_lm", "pg19", "lm1b",
-         "arxiv", "code_bytes", "associative_recall", "selective_copying", "files")
+         "arxiv", "code_bytes", "associative_recall", "selective_copying", *mad.PROBES, "files")
 
 
 def data_config():
@@ -35,7 +35,10 @@ def data_config():
     # code_lm | pg19 | lm1b | arxiv (causal LM windows, sptlib/data/lm.py) | code_bytes (which
     # package a window of Python source is from, sptlib/data/code_bytes.py) |
     # associative_recall | selective_copying (synthetic per-position labelling probes generated
-    # in memory, sptlib/data/probes.py; sizes in `probes` below) | files (the user's own files,
+    # in memory, sptlib/data/probes.py; sizes in `probes` below) | mad_in_context_recall |
+    # mad_noisy_recall | mad_fuzzy_recall | mad_selective_copying | mad_compression |
+    # mad_memorization | mqar | induction_heads (the MAD suite, zoology's MQAR and induction
+    # heads, sptlib/data/mad.py; same `probes` below) | files (the user's own files,
     # `files` below; sptlib/data/user_files.py, docs/your_data.md) | "package.module:build" (the
     # user's own builder, `build(config.data) -> sptlib.data.registry.Task`; docs/data.md).
     c.task = "listops"
@@ -123,6 +126,17 @@ def probes_config():
     # selective_copying: data tokens scattered among blanks, and their vocabulary.
     c.num_tokens = 16
     c.data_vocab = 16
+    # The MAD tasks, mqar and induction_heads (sptlib/data/mad.py): the task's own vocabulary
+    # (MAD's `vocab_size`: keys, values and noise tokens; mqar: keys and values), noise tokens and
+    # the fraction of noise pairs (mad_*_recall), the largest key / value motif
+    # (mad_fuzzy_recall), the fixed key-value map's seed (mad_memorization) and the power law of
+    # the query gaps (mqar; 1 = uniform). mqar's pairs are `num_pairs`.
+    c.vocab_size = 16
+    c.noise_vocab = 0
+    c.frac_noise = 0.0
+    c.motif_size = 3
+    c.kv_map_seed = 12345
+    c.power_a = 0.01
     # Sequences per split; train, validation and test come from three disjoint random streams of
     # `seed` (sptlib.data.probes.SPLIT_TAGS), so the same seed gives the same splits.
     c.num_train = 16000

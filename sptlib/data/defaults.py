@@ -7,11 +7,14 @@ code that must not read data (FLOP estimates, AOT compiles, benchmarks) calls it
 """
 
 from sptlib.data import user_code
-from sptlib.data import lm, probes, tokenizers, user_files
+from sptlib.data import lm, mad, probes, tokenizers, user_files
 
 # Sequence length when `max_length` is 0 (speech_commands: one second at 16 kHz).
 DEFAULT_LENGTHS = {"listops": 2000, "text": 4096, "retrieval": 4000, "speech_commands": 16000,
                    "code_bytes": 2048, "associative_recall": 128, "selective_copying": 256,
+                   # MAD's baseline lengths (sptlib.data.mad.MAD_SETTINGS), zoology's MQAR 64.
+                   **{t: mad.MAD_SETTINGS[t][0]["length"] for t in mad.MAD_TASKS},
+                   "mqar": 64, "induction_heads": 64,
                    **{name: lm.DEFAULT_LENGTH for name in lm.LM_TASKS}}
 # Image side when `resolution` is 0; these tasks are resolution x resolution long.
 DEFAULT_RESOLUTIONS = {"pathfinder": 32, "pathx": 128, "pathx256": 256, "lines": 16,

@@ -24,6 +24,7 @@ on its size and no held-out example is drawn from a training stream. The tasks b
 import numpy as np
 
 from sptlib import vocab
+from sptlib.data import mad
 
 HELD_OUT_TAG = 1_000_003
 VALIDATION_TAG = 1_000_033
@@ -117,6 +118,9 @@ def selective_copying(num, *, length=256, num_tokens=16, data_vocab=16, seed=0,
 
 GENERATORS = {"associative_recall": (associative_recall, associative_recall_info),
               "selective_copying": (selective_copying, selective_copying_info)}
+# The MAD suite, zoology's MQAR and induction heads (sptlib/data/mad.py) join the same registry.
+GENERATORS.update(mad.GENERATORS)
+PROBES = PROBES + mad.PROBES
 
 
 def _check(name):
@@ -139,10 +143,11 @@ def info(name, **options):
 
 # config.data.probes fields each probe reads (its length is config.data.max_length).
 OPTION_FIELDS = {"associative_recall": ("num_pairs", "key_vocab", "value_vocab", "num_queries"),
-                 "selective_copying": ("num_tokens", "data_vocab")}
+                 "selective_copying": ("num_tokens", "data_vocab"), **mad.OPTION_FIELDS}
 
 
 def options_from(name, probes_cfg, length):
     """Keyword options of probe `name` from `config.data.probes` and the sequence length."""
     _check(name)
-    return dict({k: int(probes_cfg[k]) for k in OPTION_FIELDS[name]}, length=int(length))
+    return dict({k: (float if k in mad.FLOAT_FIELDS else int)(probes_cfg[k])
+                 for k in OPTION_FIELDS[name]}, length=int(length))

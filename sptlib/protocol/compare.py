@@ -218,11 +218,19 @@ def _add_extras(rec, spec, length_factors, length_eval_fn, report_only, log) -> 
         # Causal LMs: bits per token at each factor on the same text (sptlib.protocol.lmeval).
         rec["lm"] = lmreport.lm_record(spec.config, spec.workdir, length_factors,
                                        evaluate=not report_only, log=log)
-    elif length_factors and rec["status"] == "finished" and not report_only:
-        rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn, log)
+    elif length_factors and rec["status"] == "finished":
+        # --report_only: the factors already cached, nothing evaluated.
+        rec["length_generalization"] = _length_eval(spec, length_factors, length_eval_fn, log,
+                                                    cached_only=report_only)
+    slices = tuple(spec.config.compare.get("length_slices", ()) or ())
+    if slices and rec["status"] == "finished":
+        # Probes: accuracy per slice (e.g. num_pairs=32) at 1x and each factor (lengthgen).
+        from sptlib.protocol import lengthgen  # deferred: pulls in JAX
+        rec["length_slices"] = lengthgen.slice_results(
+            spec.config, spec.workdir, slices, length_factors, cached_only=report_only, log=log)
 
 
-def _length_eval(spec, factors, fn, log) -> dict:
+def _length_eval(spec, factors, fn, log, cached_only=False) -> dict:
     """{"<f>x": accuracy} for every factor the run allows, cached in the run's
     `length_generalization.json` per factor: a later call computes only the factors it lacks, and
     an empty result is never written (a refused factor is retried, not remembered as done)."""
@@ -234,7 +242,7 @@ def _length_eval(spec, factors, fn, log) -> dict:
         except (ValueError, TypeError, AttributeError):
             log(f"[compare] {cache} is unreadable; recomputing it")
     wanted = {f"{factor:g}x": factor for factor in factors}
-    missing = [f for k, f in wanted.items() if k not in done]
+    missing = [] if cached_only else [f for k, f in wanted.items() if k not in done]
     if missing and fn is None:
         from sptlib.protocol import lengthgen  # deferred: pulls in JAX
         fn = lengthgen.evaluate

@@ -19,7 +19,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from sptlib.protocol import learning_curves, lmreport, plotting, stats, stops, sweeps
+from sptlib.protocol import (learning_curves, lmreport, plotting, probereport, stats, stops,
+                             sweeps)
 from sptlib.configs.paper import REGIMES
 from sptlib.protocol.records import finished as _ok, group  # noqa: F401 (group: public here too)
 from sptlib.train import results as results_lib
@@ -52,6 +53,8 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
                        reverse=True)
     models = _ordered((r["model"] for r in records))
     regimes = _ordered((r["regime"] for r in records), REGIMES)
+    # All-or-nothing cells (sptlib.protocol.bimodal): their t-interval is withheld (‡).
+    marks = probereport.cell_marks(records, chance=plotting.chance_accuracy(ok))
     for frac in fractions:
         if len(fractions) > 1 or frac != 1.0:
             lines += [f"## Training data fraction {frac:g}", ""]
@@ -64,9 +67,18 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
             cells = []
             for g in regimes:
                 iv = stats.mean_ci(test.get((frac, m, g), []), confidence)
-                cells.append(f"{iv.format(pct)} ({iv.n})" if iv.n else "–")
+                if (frac, m, g) in marks:
+                    vals = test[(frac, m, g)]
+                    k = sum(1 for v in vals if 100 * v >= marks[(frac, m, g)])
+                    cells.append(f"‡ {k}/{iv.n} learned (mean {iv.mean * pct:.1f})")
+                else:
+                    cells.append(f"{iv.format(pct)} ({iv.n})" if iv.n else "–")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
+        if any(k[0] == frac for k in marks):
+            lines += ["‡ bimodal cell: the runs either learned or stayed at chance, so a mean ± "
+                      "t-interval would say nothing; its success rate and Wilson interval are in "
+                      "\"All-or-nothing outcomes\" below.", ""]
         lines += [f"{h} Validation accuracy (best checkpoint)", "",
                   "| model | " + " | ".join(regimes) + " |", "|---" * (len(regimes) + 1) + "|"]
         for m in models:
@@ -360,11 +372,17 @@ def write_report(records, workdir: str, title: str = "Comparison") -> dict:
     if lr_rows:
         text += "\n" + "\n".join(sweeps.markdown(lr_rows))
     # causal LM runs: length generalisation, equal compute; then the learning curves
-    extra = [t for t in (lmreport.markdown(records), learning_curves.markdown(records),
-                         stops.markdown(records)) if t]
+    extra = [t for t in (probereport.markdown(records, chance=plotting.chance_accuracy(
+                             _ok(records))), lmreport.markdown(records),
+                         learning_curves.markdown(records), stops.markdown(records)) if t]
     results_lib.write_text(out["markdown"], "\n".join([text, *extra]))
     out.update(lmreport.write_plots(records, workdir, _save))
     out.update(learning_curves.write_plots(records, workdir, _save))
+    for name, fn in (("frontier", probereport.plot_frontier),
+                     ("steps_to_learn", probereport.plot_steps_to_learn)):
+        png = fn(records, os.path.join(workdir, f"{name}.png"))
+        if png:
+            out[name] = png
     scaling = plot_scaling(records, os.path.join(workdir, "scaling.png"))
     if scaling:
         out["scaling"] = scaling
