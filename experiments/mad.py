@@ -80,8 +80,8 @@ FIELDS_FLOAT = ("frac_noise", "power_a")
 
 def available_models():
     """BASE_MODELS and the NEW_MIXERS that have landed (in MIXERS and in config.model)."""
-    from sptlib.layers import MIXERS
-    from sptlib.models.config import model_config
+    from sptlib.layers import MIXERS  # deferred: a config file stays cheap to import
+    from sptlib.models.config import model_config  # deferred: as above
     m = model_config()
     return BASE_MODELS + tuple(n for n in NEW_MIXERS if n in MIXERS and n in m)
 
@@ -150,8 +150,8 @@ def suite_table(workdir, tasks, threshold=SUCCESS_THRESHOLD):
     import json
     import os
 
-    from sptlib.protocol import bimodal, stats
-    from sptlib.protocol.records import finished
+    from sptlib.protocol import bimodal, stats  # deferred: only the suite's table needs them
+    from sptlib.protocol.records import finished  # deferred: only the suite's table needs it
 
     lines = [f"# The MAD suite under the protocol ({workdir})", "",
              f"Test accuracy (%): mean ± 95% t-interval over seeds; success: runs at or above "

@@ -234,22 +234,6 @@ def fuzzy_recall(num, *, length=128, vocab_size=16, motif_size=3, seed=0, held_o
 # Selective copying, compression, memorisation.
 # ------------------------------------------------------------------------------------------------
 
-def selective_copying_info(*, length=256, vocab_size=16, num_tokens=16):
-    if num_tokens < 1 or 2 * num_tokens > length:
-        _fail("mad_selective_copying", f"num_tokens {num_tokens} does not fit length {length}: "
-                                       f"tokens and their markers need 2 * num_tokens <= length")
-    from sptlib.data import probes  # deferred: probes imports this module
-    return probes.selective_copying_info(length=length, num_tokens=num_tokens,
-                                         data_vocab=vocab_size)
-
-
-def selective_copying(num, *, length=256, vocab_size=16, num_tokens=16, seed=0,
-                      held_out=False):
-    from sptlib.data import probes  # deferred: probes imports this module
-    return probes.selective_copying(num, length=length, num_tokens=num_tokens,
-                                    data_vocab=vocab_size, seed=seed, held_out=held_out)
-
-
 def compression_info(*, length=32, vocab_size=16):
     if length < 2 or length % 2:
         _fail("mad_compression", f"length {length} must be even and >= 2 (tokens, then marker "
@@ -380,14 +364,16 @@ GENERATORS = {
     "mad_in_context_recall": (in_context_recall, in_context_recall_info),
     "mad_noisy_recall": (noisy_recall, noisy_recall_info),
     "mad_fuzzy_recall": (fuzzy_recall, fuzzy_recall_info),
-    "mad_selective_copying": (selective_copying, selective_copying_info),
     "mad_compression": (compression, compression_info),
     "mad_memorization": (memorization, memorization_info),
     "mqar": (mqar, mqar_info),
     "induction_heads": (induction_heads, induction_heads_info),
 }
-MAD_TASKS = tuple(k for k in GENERATORS if k.startswith("mad_"))
-PROBES = tuple(GENERATORS)
+# mad_selective_copying is sptlib.data.probes.selective_copying under MAD's names; probes registers
+# it (it imports this module, so this one cannot import it back).
+MAD_TASKS = ("mad_in_context_recall", "mad_noisy_recall", "mad_fuzzy_recall",
+             "mad_selective_copying", "mad_compression", "mad_memorization")
+PROBES = MAD_TASKS + ("mqar", "induction_heads")
 
 # config.data.probes fields each probe reads (its length is config.data.max_length); the field
 # `vocab_size` is MAD's (the task's own tokens; keys, values and noise for the recalls).

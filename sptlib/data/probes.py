@@ -120,6 +120,24 @@ GENERATORS = {"associative_recall": (associative_recall, associative_recall_info
               "selective_copying": (selective_copying, selective_copying_info)}
 # The MAD suite, zoology's MQAR and induction heads (sptlib/data/mad.py) join the same registry.
 GENERATORS.update(mad.GENERATORS)
+
+
+def mad_selective_copying_info(*, length=256, vocab_size=16, num_tokens=16):
+    """`selective_copying_info` under MAD's option names (`vocab_size` the data tokens)."""
+    if num_tokens < 1 or 2 * num_tokens > length:
+        raise ValueError(f"mad_selective_copying: num_tokens {num_tokens} does not fit length "
+                         f"{length}: tokens and their markers need 2 * num_tokens <= length")
+    return selective_copying_info(length=length, num_tokens=num_tokens, data_vocab=vocab_size)
+
+
+def mad_selective_copying(num, *, length=256, vocab_size=16, num_tokens=16, seed=0,
+                          held_out=False):
+    """MAD's selective copying: `selective_copying` with `vocab_size` data tokens."""
+    return selective_copying(num, length=length, num_tokens=num_tokens, data_vocab=vocab_size,
+                             seed=seed, held_out=held_out)
+
+
+GENERATORS["mad_selective_copying"] = (mad_selective_copying, mad_selective_copying_info)
 PROBES = PROBES + mad.PROBES
 
 

@@ -21,6 +21,18 @@ def pyplot():
     return plt
 
 
+def save_png(fig, path):
+    """PNG of `fig` at `path` (local or gs://; a planted symlink is replaced, not followed)."""
+    import io
+
+    from sptlib.train import results as results_lib  # deferred: only the PNG writers need it
+    plt = pyplot()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    results_lib.write_bytes(path, buf.getvalue())
+
+
 def data_label(fraction: float) -> str:
     """'all training data' or '10% of the training data'."""
     return "all training data" if fraction == 1.0 else f"{fraction:.3g} of the training data"

@@ -356,8 +356,7 @@ def plot_steps_to_learn(records, path, threshold=None) -> str | None:
 
 
 def _save(fig, path):
-    from sptlib.protocol import report  # deferred: report imports this module
-    report._save(fig, path)  # noqa: SLF001 (the one PNG writer of the report)
+    plotting.save_png(fig, path)
     return True
 
 

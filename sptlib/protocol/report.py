@@ -344,13 +344,8 @@ def plot_scaling(records, path: str, confidence: float = 0.95) -> str | None:
 
 
 def _save(fig, path):
-    """PNG of `fig` at `path` (local or gs://; a planted symlink is replaced, not followed)."""
-    import io
-    import matplotlib.pyplot as plt
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    results_lib.write_bytes(path, buf.getvalue())
+    """PNG of `fig` at `path` (`plotting.save_png`)."""
+    plotting.save_png(fig, path)
 
 
 def lr_selected(records) -> tuple[list[dict], list[dict]]:
