@@ -277,3 +277,13 @@ def test_bad_inputs_name_the_parameter():
         lr.mlstm(q, q, v, jnp.zeros((1, 8, 2)), jnp.zeros((1, 8, 2)), forget="tanh")
     with pytest.raises(ValueError, match="initial_state"):
         lr.gated_linear_attention(q, q, v, initial_state=jnp.zeros((1, 2, 3, 4)))
+
+
+@pytest.mark.parametrize("name", ["gla", "rwkv7"])
+def test_float32_gradient_batch_one_runs(name):
+    """Batch 1, 2 heads, 2 chunks in float32: XLA:CPU segfaulted running this gradient before
+    `_decayed_scores` flattened its leading axes (a crash kills the test process)."""
+    case, xs, s0 = _inputs(name, 128, seed=12, dtype=jnp.float32, b=1, h=2, dk=32, dv=32)
+    g = jax.jit(jax.grad(lambda xs: jnp.sum(case.chunked(*xs, chunk_size=64)[0] ** 2)))(xs)
+    for x in jax.tree.leaves(g):
+        assert np.all(np.isfinite(np.asarray(x)))

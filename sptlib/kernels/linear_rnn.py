@@ -131,6 +131,11 @@ def _decayed_scores(x, y, px, qy, strict=False):
     exp(px_t - r_I) exp(r_I - qy_j), both <= 1, and the block is one matmul. Inside a sub-chunk
     the pairwise difference is formed (an `[s, s, d]` tensor per sub-chunk)."""
     *lead, c, d = x.shape
+    if len(lead) != 1:
+        # one leading axis: XLA:CPU (jax 0.10.2) segfaults running the float32 gradient of the
+        # contractions below with leading axes (1, 2, 2); (4,) and (2, 2) run
+        flat = [z.reshape(-1, c, d) for z in (x, y, px, qy)]
+        return _decayed_scores(*flat, strict=strict).reshape(*lead, c, c)
     s = _sub_size(c)
     n = c // s
     xs, ys, pxs, qys = (z.reshape(*lead, n, s, d) for z in (x, y, px, qy))
