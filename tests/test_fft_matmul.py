@@ -30,7 +30,7 @@ def matmul(monkeypatch):
     monkeypatch.setenv("SPTLIB_FFT_MATMUL", "1")
 
 
-def _inputs(length, batch=2, h=3, seed=0):
+def _inputs(length, batch=2, h=2, seed=0):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((batch, length, h)), rng.standard_normal((h, length)),
             rng.standard_normal((h, length)), rng.standard_normal(h))
@@ -56,7 +56,7 @@ def _rel(y, ref):
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("causal", [True, False])
 def test_equals_the_float64_fft_convolution(x64, matmul, length, causal):
-    u, k, kb, d = _inputs(length)
+    u, k, kb, d = _inputs(length, batch=1 if length > 4096 else 2)
     got = conv.ssm_conv(jnp.asarray(u), jnp.asarray(np.stack([k, kb])), jnp.asarray(d),
                         causal=causal)
     ref = _numpy_conv(u, k, None if causal else kb, d)
@@ -78,7 +78,7 @@ def test_equals_the_float64_fft_convolution_at_65536(x64, matmul, causal):
     assert _rel(got, _numpy_conv(u, k, None if causal else kb)) < 1e-12
 
 
-@pytest.mark.parametrize("length", (64, 1000, 4096))
+@pytest.mark.parametrize("length", (64, 1000))
 @pytest.mark.parametrize("causal", [True, False])
 def test_gradients_equal_the_fft_gradients(x64, monkeypatch, length, causal):
     u, k, kb, d = map(jnp.asarray, _inputs(length, seed=1))
@@ -97,7 +97,7 @@ def test_gradients_equal_the_fft_gradients(x64, monkeypatch, length, causal):
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16x3"])
-@pytest.mark.parametrize("length", (64, 1000, 16384))
+@pytest.mark.parametrize("length", (64, 1000, 4096))
 def test_float32_error_within_the_stated_bound(matmul, monkeypatch, precision, length):
     monkeypatch.setenv("SPTLIB_FFT_MATMUL_PRECISION", precision)
     u, k, kb, _ = _inputs(length)
@@ -112,10 +112,11 @@ def test_float32_error_within_the_stated_bound(matmul, monkeypatch, precision, l
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["float32", "bf16x3"])
-def test_float32_error_within_the_stated_bound_at_65536(precision):
-    u, k, _, _ = _inputs(65536, batch=1, h=2)
-    n = fftmm.supported_size(2 * 65536)
-    kc = jnp.pad(jnp.asarray(k, jnp.float32), ((0, 0), (0, n - 65536)))
+@pytest.mark.parametrize("length", (16384, 65536))
+def test_float32_error_within_the_stated_bound_when_long(precision, length):
+    u, k, _, _ = _inputs(length, batch=1, h=2)
+    n = fftmm.supported_size(2 * length)
+    kc = jnp.pad(jnp.asarray(k, jnp.float32), ((0, 0), (0, n - length)))
     got = fftmm.circular_conv(jnp.asarray(u, jnp.float32), kc, precision=precision)
     assert _rel(got, _numpy_conv(u, k)) < fftmm.ERROR_BOUND[precision]
 
