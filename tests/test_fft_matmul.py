@@ -6,6 +6,8 @@ float32 runs check each precision's stated error bound (`fftmm.ERROR_BOUND`). Se
 matmul form on TPU only (`platform.fft_matmul`), forced on CPU by SPTLIB_FFT_MATMUL=1.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -146,12 +148,12 @@ def test_sizes_pad_to_the_fft_size_and_factor_into_blocks():
         m = fftmm.supported_size(n)
         assert m == conv.fft_size(n) >= n
         assert np.prod(fftmm.blocks(m)) == m and max(fftmm.blocks(m)) <= fftmm.MAX_BLOCK
-    assert fftmm.blocks(32768) == (32, 32, 32)
-    assert fftmm.blocks(128) == (128,)
+    assert fftmm.blocks(32768) == (256, 128) and fftmm.blocks(1 << 17) == (64, 64, 32)
+    assert fftmm.blocks(128) == (128,) and fftmm.blocks(1600) == (40, 40)
     with pytest.raises(ValueError, match="exceeds the largest supported 131072"):
         fftmm.supported_size(2 * 65537)
     with pytest.raises(ValueError, match="prime factor"):
-        fftmm.blocks(131)
+        fftmm.blocks(257)
 
 
 def test_selected_on_tpu_only(monkeypatch):
@@ -192,3 +194,32 @@ def test_a_trace_for_tpu_has_no_fft_op(monkeypatch):
     monkeypatch.setattr(platform, "target_platform", lambda: "cpu")
     monkeypatch.setenv("SPTLIB_NATIVE", "0")
     assert "fft" in _deep(jax.make_jaxpr(fn)(u, kk).jaxpr)
+
+
+def _dot_precisions(jaxpr):
+    out = []
+    for e in jaxpr.eqns:
+        if e.primitive.name == "dot_general":
+            out.append((str(e.params["precision"]), e.invars[0].aval.dtype.name))
+        for v in e.params.values():
+            inner = getattr(v, "jaxpr", v)
+            if hasattr(inner, "eqns"):
+                out += _dot_precisions(inner)
+    return out
+
+
+def test_bf16x3_is_the_mxus_bf16_3x_on_tpu_and_emulated_elsewhere(monkeypatch):
+    """Traced for a TPU, bf16x3 is f32 dots at Precision.HIGH (XLA:TPU's bf16_3x: the split
+    stays inside the MXU); elsewhere the same three bf16 products, written out (what the CPU
+    tests measure the error of)."""
+    u = jnp.zeros((1, 64, 2), jnp.float32)
+    kc = jnp.zeros((2, 128), jnp.float32)
+    # A fresh function per trace: make_jaxpr caches traces by function.
+    def fn():
+        return functools.partial(fftmm.circular_conv, precision="bf16x3")
+    monkeypatch.setattr(platform, "target_platform", lambda: "tpu")
+    tpu = _dot_precisions(jax.make_jaxpr(fn())(u, kc).jaxpr)
+    assert tpu and all("HIGH" in p and "HIGHEST" not in p and dt == "float32" for p, dt in tpu)
+    monkeypatch.setattr(platform, "target_platform", lambda: "cpu")
+    cpu = _dot_precisions(jax.make_jaxpr(fn())(u, kc).jaxpr)
+    assert len(cpu) == 3 * len(tpu) and all(dt == "bfloat16" for _, dt in cpu)
