@@ -9,7 +9,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from sptlib.kernels import platform
+from sptlib.kernels import fftmm, platform
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,10 +52,17 @@ def circular_conv(u, kc, d=None):
       d: optional `[channels]` skip weights.
     Returns:
       `[batch, length, channels]` in u's dtype. On XLA:CPU with the platform's CPU kernels
-      (float32 and n a power of two) the FFTs run in the platform's multi-threaded CPU kernel; elsewhere `jnp.fft`.
+      (float32 and n a power of two) the FFTs run in the platform's multi-threaded CPU kernel;
+      where `platform.fft_matmul()` (TPU) as DFT matmuls (`fftmm`; n must factor into its
+      blocks); elsewhere `jnp.fft`.
     """
     n = kc.shape[-1]
     ct = _real_dtype(u.dtype)
+    if platform.fft_matmul():
+        y = fftmm.circular_conv(u, kc, precision=platform.fft_matmul_precision())
+        if d is not None:
+            y = y + d.astype(ct) * u.astype(ct)
+        return y.astype(u.dtype)
 
     def jnp_conv(u, kc):
         k_f = jnp.fft.rfft(kc.astype(ct), axis=-1).T
@@ -93,9 +100,14 @@ def fft_conv(u, k, d=None):
     Returns:
       `[batch, length, channels]`, in u's dtype (computed in float32 / complex64).
 
-    The FFT size is the smallest fast composite >= 2 * length, so nothing wraps around.
+    The FFT size is the smallest fast composite >= 2 * length, so nothing wraps around (on TPU
+    the same size as DFT matmuls, `sptlib.kernels.fftmm`).
     """
     length = u.shape[1]
+    if platform.fft_matmul():
+        n = fftmm.supported_size(2 * length)
+        kc = jnp.pad(k[:, :length].astype(_real_dtype(u.dtype)), ((0, 0), (0, n - length)))
+        return circular_conv(u, kc, d)
     if _cpu_kernel_ok(u):
         n = _pow2(2 * length)
         kc = jnp.pad(k[:, :length].astype(jnp.float32), ((0, 0), (0, n - length)))
@@ -130,6 +142,9 @@ def fft_conv_bidirectional(u, k_fwd, k_bwd, d=None):
     current position is counted once (as in state-spaces/s4). Shapes as in `fft_conv`.
     """
     length = u.shape[1]
+    if platform.fft_matmul():
+        n = fftmm.supported_size(2 * length)
+        return circular_conv(u, bidirectional_kernel(k_fwd, k_bwd, length, n), d)
     if _cpu_kernel_ok(u):
         return circular_conv(u, bidirectional_kernel(k_fwd, k_bwd, length, _pow2(2 * length)), d)
     n = fft_size(2 * length)

@@ -10,7 +10,8 @@ platform, the fused kernels that compute the same functions faster:
     gpu       gpu.py: cuDNN flash attention (bf16/fp16),  jnp (XLA)
               gpu_band.py: Pallas (Triton) flash kernel
               for bidirectional windows and fp32
-    tpu       tpu.py: Pallas splash attention             jnp (XLA)
+    tpu       tpu.py: Pallas splash attention             kernels/fftmm.py: the FFT convolution as
+                                                          DFT matmuls (`fft_matmul`); else jnp
 
 The platform is the one the step is traced for: the devices of the mesh in context
 (`jax.set_mesh`, as every sptlib step is traced), else JAX's default backend. So
@@ -84,6 +85,31 @@ def on_platforms(default, *args, cpu=None, cuda=None, rocm=None, tpu=None):
     if not branches:
         return default(*args)
     return jax.lax.platform_dependent(*args, default=default, **branches)
+
+
+# ---------------------------------------------------------------------------------------------
+# The SSMs' long convolution as DFT matmuls (`sptlib.kernels.fftmm`)
+# ---------------------------------------------------------------------------------------------
+
+def fft_matmul(where=None):
+    """Whether the SSMs' FFT convolutions (`sptlib.kernels.conv`) run as four-step DFT matmuls
+    (`sptlib.kernels.fftmm`) in this trace (or on platform `where`): on TPU, whose FFT op does
+    not use the MXU; elsewhere the FFT (CPU: its native kernel, GPU: cuFFT).
+    `SPTLIB_FFT_MATMUL=1` forces the matmul form anywhere (CPU tests, accuracy runs), `=0` off."""
+    flag = os.environ.get("SPTLIB_FFT_MATMUL", "auto")
+    if flag not in ("auto", "0", "1"):
+        raise ValueError(f"SPTLIB_FFT_MATMUL={flag!r}: use auto (TPU only), 1 (on) or 0 (off)")
+    if flag != "auto":
+        return flag == "1"
+    return (where or target_platform()) == "tpu"
+
+
+def fft_matmul_precision():
+    """The matmul FFT's precision: `SPTLIB_FFT_MATMUL_PRECISION` (`fftmm.PRECISIONS`; a
+    precision beyond `fftmm.MAX_ERROR` is refused by name), default `fftmm.DEFAULT_PRECISION`."""
+    from sptlib.kernels import fftmm  # deferred: kernels.conv imports this package
+    return fftmm.check_precision(
+        os.environ.get("SPTLIB_FFT_MATMUL_PRECISION", fftmm.DEFAULT_PRECISION))
 
 
 # ---------------------------------------------------------------------------------------------
