@@ -10,25 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from sptlib.kernels import fftmm, platform
+from sptlib.kernels.fftmm import fft_size  # the 5-smooth transform size both paths use
 
 
 @functools.lru_cache(maxsize=None)
-def fft_size(n):
-    """Smallest 2^a 3^b 5^c >= n (a length FFT libraries handle fast)."""
-    best = 1 << max(0, int(n - 1).bit_length())
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            m = p35
-            while m < n:
-                m *= 2
-            best = min(best, m)
-            p35 *= 3
-        p5 *= 5
-    return best
-
-
 def _real_dtype(dtype):
     return jnp.float64 if dtype == jnp.float64 else jnp.float32
 
@@ -59,7 +44,8 @@ def circular_conv(u, kc, d=None):
     n = kc.shape[-1]
     ct = _real_dtype(u.dtype)
     if platform.fft_matmul():
-        y = fftmm.circular_conv(u, kc, precision=platform.fft_matmul_precision())
+        y = fftmm.circular_conv(
+            u, kc, precision=platform.fft_matmul_precision() or fftmm.DEFAULT_PRECISION)
         if d is not None:
             y = y + d.astype(ct) * u.astype(ct)
         return y.astype(u.dtype)

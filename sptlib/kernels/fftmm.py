@@ -30,7 +30,7 @@ the output, measured by `tests/test_fft_matmul.py` at n up to 2^17 with float32 
 operands alone are rounded at 2^-9) and is refused by name. Float64 inputs are computed in
 float64 whatever the precision (tests: the algorithm against the FFT to ~1e-12).
 
-Sizes: `supported_size(n)` is the smallest 5-smooth size >= n (`conv.fft_size`, the size the
+Sizes: `supported_size(n)` is the smallest 5-smooth size >= n (`fft_size`, the size the
 FFT path pads to) up to `MAX_SIZE` = 2^17 (L = 65,536, padded to 2L); every 5-smooth size
 factors into blocks <= 256. Longer sizes are refused with one line.
 """
@@ -65,10 +65,26 @@ def check_precision(precision):
     return precision
 
 
+def fft_size(n):
+    """Smallest 2^a 3^b 5^c >= n (a length FFT libraries handle fast; the FFT path
+    `sptlib.kernels.conv` pads to the same size)."""
+    best = 1 << max(0, int(n - 1).bit_length())
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
 @functools.lru_cache(maxsize=None)
 def supported_size(n):
     """The transform size used for a convolution needing >= n points (5-smooth, <= MAX_SIZE)."""
-    from sptlib.kernels.conv import fft_size  # deferred: conv imports this module
     m = fft_size(int(n))
     if m > MAX_SIZE:
         raise ValueError(f"fft matmul: transform size {m} (for {n} points) exceeds the largest "

@@ -56,8 +56,8 @@ def _env(name, value):
 
 def _setup(model):
     """(mixer class kwargs, batch per chip, length, d_model) of the PathX pretraining recipe."""
-    from sptlib.configs import common
-    from sptlib.data import task_info
+    from sptlib.configs import common  # deferred: the CLI's --help stays fast
+    from sptlib.data import task_info  # deferred: as above
     config = common.load_module(os.path.join(common.EXPERIMENTS_DIR, "lra.py")).get_config(
         f"pathx,{model},spt-masked")
     m = config.model
@@ -74,7 +74,7 @@ def profile(model, fft_mode, device):
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from sptlib import kernels, layers
+    from sptlib import kernels, layers  # deferred: the CLI's --help stays fast
 
     mixer, kw, batch, length, d, causal = _setup(model)
     mesh = Mesh(np.array([device]), ("data",))
@@ -138,7 +138,7 @@ def main(argv=None):
             sys.exit(2)
     import jax
 
-    from sptlib.slices import topologies
+    from sptlib.slices import topologies  # deferred: needs libtpu, only when compiling
     jax.config.update("jax_platforms", "cpu")
     device = topologies.devices(topologies.slice_spec("v4-8"))[0]
     modes = ("fft", "matmul") if args.fft == "both" else (args.fft,)

@@ -105,11 +105,9 @@ def fft_matmul(where=None):
 
 
 def fft_matmul_precision():
-    """The matmul FFT's precision: `SPTLIB_FFT_MATMUL_PRECISION` (`fftmm.PRECISIONS`; a
-    precision beyond `fftmm.MAX_ERROR` is refused by name), default `fftmm.DEFAULT_PRECISION`."""
-    from sptlib.kernels import fftmm  # deferred: kernels.conv imports this package
-    return fftmm.check_precision(
-        os.environ.get("SPTLIB_FFT_MATMUL_PRECISION", fftmm.DEFAULT_PRECISION))
+    """`SPTLIB_FFT_MATMUL_PRECISION` (one of `sptlib.kernels.fftmm.PRECISIONS`; fftmm refuses by
+    name a precision beyond its error bound), or None for fftmm's default."""
+    return os.environ.get("SPTLIB_FFT_MATMUL_PRECISION") or None
 
 
 # ---------------------------------------------------------------------------------------------
