@@ -113,7 +113,7 @@ def test_gradients_are_finite_and_reach_every_parameter(name, causal):
     np.testing.assert_array_equal(gx[1, 6:], 0.0)  # nothing flows from the padding
     # every parameter gets a gradient, but the second factors of RWKV-7's LoRAs whose first is
     # zero-initialised behind tanh / identity (fla's init: they move once the first does)
-    dead = [p[0].key for p, g in leaves if not np.any(g)]
+    dead = [p[-1].key for p, g in leaves if not np.any(g)]
     assert dead == (["a_b_proj", "w_b_proj"] if name == "rwkv7" else []), dead
 
 

@@ -32,8 +32,9 @@ biases, RWKV-7's decay bias. Everything else is "default"; the dense projections
 Bidirectional (`causal=False`; the classification encoders), as `sptlib.layers.mamba` does it: the
 q/k/v/gate and out projections and the output norm are shared; each direction has its own short
 convolution and gate / decay parameters (a leading axis n_dir = 2) and runs the recurrence on
-its own order of the sequence (the second on the reversed one); the two read-outs are summed
-before the norm.
+its own order of the sequence (the second on the reversed one). The two read-outs are summed
+before the norm (mLSTM: and the two skips; RWKV-7 sums the two gated, normed outputs before
+its out projection).
 
 Padding (`mask` False) is the identity on every state in both directions: inputs are zeroed
 before the projections, and at padding k = v = 0, log-decays 0 (α = γ = w = 1), β = 0 and a = 0,
@@ -308,8 +309,8 @@ def _run(chunked, step, q, k, v, state, chunk_size, *gates):
     the length-1 inputs. Returns (o `[batch, length, heads, d_v]`, state)."""
     if state is None:
         return chunked(q, k, v, *gates, chunk_size=chunk_size)
-    o, state = step(state, q[:, 0], k[:, 0], v[:, 0], *(None if g is None else g[:, 0]
-                                                        for g in gates))
+    o, state = step(q[:, 0], k[:, 0], v[:, 0], *(None if g is None else g[:, 0] for g in gates),
+                    state)
     return o[:, None], state
 
 
@@ -383,7 +384,8 @@ class DeltaNetMixer(_QKVMixer):
         return {"beta": self._beta(d, x, mask)}
 
     def _kernel(self, q, k, v, state, beta):
-        return _run(lr.delta_rule, lr.delta_rule_step, q, k, v, state, self.chunk_size, beta)
+        return _run(lr.delta_rule, lr.delta_rule_step, q, k, v, state, self.chunk_size, beta,
+                    None)
 
 
 class GatedDeltaNetMixer(DeltaNetMixer):
@@ -450,7 +452,7 @@ class MLSTMMixer(_LinearRNN):
     head_v = head_k
 
     def setup(self):
-        d, di, h, nd = self.d_model, self.d_inner, self.n_heads, self.n_dir
+        d, di, h = self.d_model, self.d_inner, self.n_heads
         self.up_proj = self._w("up_proj", d, 2 * di)
         self.q_proj = self._w("q_proj", di, di, ("mlp", None))
         self.k_proj = self._w("k_proj", di, di, ("mlp", None))
@@ -478,7 +480,7 @@ class MLSTMMixer(_LinearRNN):
         c = _where(mask, c)
         q, k, v = self._mm(c, self.q_proj), self._mm(c, self.k_proj), self._mm(x_up,
                                                                               self.v_proj)
-        ifg = jnp.concatenate([q, k, v], -1) @ self.gate_w[d]
+        ifg = self._mm(jnp.concatenate([q, k, v], -1), self.gate_w[d])
         i_pre, f_pre = jnp.split(ifg, 2, axis=-1)
         i_pre = _where(mask, i_pre + self.igate_b[d], _GATE_OFF)
         f_pre = _where(mask, f_pre + self.fgate_b[d], _FORGET_KEEP)
@@ -489,8 +491,8 @@ class MLSTMMixer(_LinearRNN):
             h, _ = lr.mlstm(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size)
             new = None
         else:
-            h, rnn = lr.mlstm_step((state["C"], state["n"], state["m"]), q[:, 0], k[:, 0],
-                                   v[:, 0], i_pre[:, 0], f_pre[:, 0])
+            h, rnn = lr.mlstm_step(q[:, 0], k[:, 0], v[:, 0], i_pre[:, 0], f_pre[:, 0],
+                                   (state["C"], state["n"], state["m"]))
             h = h[:, None]
             new = dict(zip(("C", "n", "m"), rnn))
             if conv is not None:
@@ -601,7 +603,6 @@ class RWKV7Mixer(_LinearRNN):
             shifted = prev[:, None]
         mix = x[:, :, None] + (shifted - x)[:, :, None] * self.mu[d]  # [b, l, 6, d]
         xr, xw, xk, xv, xa, xg = (mix[:, :, i] for i in range(6))
-        hd = self.head_dim
         r, k, v = self._mm(xr, self.r_proj), self._mm(xk, self.k_proj), self._mm(xv,
                                                                                 self.v_proj)
         log_w = -math.exp(-0.5) * jax.nn.sigmoid(
@@ -613,10 +614,12 @@ class RWKV7Mixer(_LinearRNN):
         k = k * (1 + (a - 1) * self.k_a[d])
         r, k, v, a, log_w = (self._heads_rw(t) for t in (r, k, v, a, log_w))
         k, v = _where(mask, k), _where(mask, v)
-        ka, kb = _where(mask, kk * a), _where(mask, -kk)
+        # the kernel's S_t = (diag(w_t) + b_t a_tᵀ) S_{t-1} + k_t v_tᵀ: a = −κ̂ reads the state,
+        # b = κ̂ ⊙ a writes it back (fla's convention)
+        read, write = _where(mask, -kk), _where(mask, kk * a)
         log_w = _where(mask, log_w)
         o, rnn = _run(lr.rwkv7, lr.rwkv7_step, r, k, v, None if state is None else
-                      state["rnn"], self.chunk_size, log_w, ka, kb)
+                      state["rnn"], self.chunk_size, log_w, read, write)
         # GroupNorm with one group per head (eps head_dim · norm_eps, as fla), the "bonus"
         # r·(r_k ⊙ k) v of the current token, the gate.
         mu = jnp.mean(o, -1, keepdims=True)
