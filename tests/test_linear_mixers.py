@@ -89,13 +89,32 @@ def test_a_padded_step_is_the_identity_on_the_state(name, causal):
     np.testing.assert_allclose(y[:, keep], apply(v, X[:, keep]), rtol=1e-5, atol=1e-6)
 
 
+# The parameters each direction has its own of (a leading axis n_dir), per mixer.
+PER_DIRECTION = {
+    "gla": ["conv_w", "gk_b", "gk_w1", "gk_w2"], "retnet": ["conv_w"],
+    "deltanet": ["b_proj", "conv_w"],
+    "gated_deltanet": ["A_log", "a_proj", "b_proj", "conv_w", "dt_bias"],
+    "mlstm": ["conv_w", "fgate_b", "gate_w", "igate_b", "skip"],
+    "rwkv7": ["a_a", "a_b_proj", "a_bias", "g_a", "g_b_proj", "k_a", "k_k", "mu", "r_k", "w_a",
+              "w_b_proj", "w_bias"]}
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_bidirectional_sees_both_sides(name):
+def test_bidirectional_sees_both_sides_and_is_mirror_symmetric(name):
     later = X.at[:, -1].add(1.0)
     _, v, f = _model(name, False)
     assert not np.allclose(f(v, later)[:, 0], f(v, X)[:, 0])
-    # the second direction's parameters are its own (leading axis 2)
-    assert v["params"]["conv_w" if name != "rwkv7" else "mu"].value.shape[0] == 2
+    _, vc, _ = _model(name, True)
+    for n in PER_DIRECTION[name]:
+        assert v["params"][n].value.shape[0] == 2 and vc["params"][n].value.shape[0] == 1, n
+        assert v["params"][n].value.shape[1:] == vc["params"][n].value.shape[1:], n
+    # Swapping the two directions' parameters and reversing the input reverses the output.
+    swapped = jax.tree.map(lambda p: p, v)
+    for n in PER_DIRECTION[name]:
+        leaf = v["params"][n]
+        swapped["params"][n] = leaf.replace_boxed(jnp.flip(leaf.value, 0))
+    np.testing.assert_allclose(f(swapped, jnp.flip(X, 1)), jnp.flip(f(v, X), 1),
+                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -152,6 +171,10 @@ def test_unknown_and_bad_options_are_named(name):
     cls = get_mixer(name)
     with pytest.raises(TypeError, match="no_such_option"):
         cls(d_model=8, causal=True, no_such_option=1)
+    # another family member's option is not silently ignored either
+    foreign = {"rwkv7": "n_heads", "mlstm": "expand_k"}.get(name, "head_dim")
+    with pytest.raises(TypeError, match=foreign):
+        cls(d_model=8, causal=True, **{foreign: 2})
     from sptlib.train.config import base_config
     c = base_config()
     with pytest.raises((AttributeError, KeyError), match="no_such_option"):

@@ -92,12 +92,6 @@ class _LinearRNN(nn.Module):
     d_model: int
     causal: bool = False
     dropout: float = 0.0
-    n_heads: int = 4
-    expand_k: float = 1.0
-    expand_v: float = 1.0
-    use_short_conv: bool = True
-    d_conv: int = 4
-    use_output_gate: bool = True
     norm_eps: float = 1e-5
     chunk_size: int = 64
     dtype: Any = jnp.float32
@@ -118,27 +112,6 @@ class _LinearRNN(nn.Module):
                              f"{self.d_model * expand} must be a positive integer divisible by "
                              f"n_heads {self.n_heads}")
         return dim
-
-    @property
-    def key_dim(self):
-        return self._dim(self.expand_k, "expand_k")
-
-    @property
-    def value_dim(self):
-        return self._dim(self.expand_v, "expand_v")
-
-    @property
-    def head_k(self):
-        return self.key_dim // self.n_heads
-
-    @property
-    def head_v(self):
-        return self.value_dim // self.n_heads
-
-    @property
-    def conv_dim(self):
-        """Channels of the short convolution (q | k | v)."""
-        return 2 * self.key_dim + self.value_dim
 
     # -- parameters -------------------------------------------------------------------------------
 
@@ -240,6 +213,33 @@ class _LinearRNN(nn.Module):
 class _QKVMixer(_LinearRNN):
     """GLA / RetNet / DeltaNet / Gated DeltaNet: q, k, v (and the gate g) projections of x, the
     short convolution per direction, a kernel per direction, RMSNorm per head, output gate."""
+    n_heads: int = 4
+    expand_k: float = 1.0
+    expand_v: float = 1.0
+    use_short_conv: bool = True
+    d_conv: int = 4
+    use_output_gate: bool = True
+
+    @property
+    def key_dim(self):
+        return self._dim(self.expand_k, "expand_k")
+
+    @property
+    def value_dim(self):
+        return self._dim(self.expand_v, "expand_v")
+
+    @property
+    def head_k(self):
+        return self.key_dim // self.n_heads
+
+    @property
+    def head_v(self):
+        return self.value_dim // self.n_heads
+
+    @property
+    def conv_dim(self):
+        """Channels of the short convolution (q | k | v)."""
+        return 2 * self.key_dim + self.value_dim
 
     qk_l2norm = False  # the delta rules normalise q and k (class constant, not an option)
 
@@ -438,7 +438,10 @@ class MLSTMMixer(_LinearRNN):
     input-gate bias ~ N(0, 0.1), the forget-gate bias linspace(3, 6) over the heads (xLSTM's);
     both biases "ssm". Per direction: conv_w, skip, gate weights and biases.
     """
+    n_heads: int = 4
     expand: float = 2.0
+    use_short_conv: bool = True
+    d_conv: int = 4
     _kind = "mlstm"
 
     @property
@@ -543,7 +546,7 @@ class RWKV7Mixer(_LinearRNN):
     _kind = "rwkv7"
 
     @property
-    def n_heads_(self):
+    def n_rwkv_heads(self):
         if self.d_model % self.head_dim:
             raise ValueError(f"rwkv7: head_dim {self.head_dim} does not divide d_model "
                              f"{self.d_model}")
@@ -553,7 +556,7 @@ class RWKV7Mixer(_LinearRNN):
         return given or _lora_rank(self.d_model, mult, self.head_dim / 64)
 
     def setup(self):
-        d, hd, h = self.d_model, self.head_dim, self.n_heads_
+        d, hd, h = self.d_model, self.head_dim, self.n_rwkv_heads
         nd = self.n_dir
         # Initial values: fla's at the middle of a deep stack (ratio_0_to_1 = 0.5,
         # ratio_1_to_almost0 = 0.5), since a mixer does not know its depth.
@@ -631,13 +634,13 @@ class RWKV7Mixer(_LinearRNN):
         return (o + bonus.reshape(o.shape)) * g, new
 
     def _heads_rw(self, t):
-        return t.reshape(t.shape[:-1] + (self.n_heads_, self.head_dim))
+        return t.reshape(t.shape[:-1] + (self.n_rwkv_heads, self.head_dim))
 
     def _forward(self, x, mask, state):
         return self._both(self._direction, x, mask=mask, state=state)
 
     def _state_shapes(self, batch_size):
-        h, hd = self.n_heads_, self.head_dim
+        h, hd = self.n_rwkv_heads, self.head_dim
         return {"shift": (batch_size, self.d_model), "rnn": (batch_size, h, hd, hd)}
 
 
