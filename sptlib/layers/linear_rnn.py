@@ -532,7 +532,7 @@ class RWKV7Mixer(_LinearRNN):
     Token shift: x_* = x + (x_{t−1} − x_t) ⊙ μ_* for * in r, w, k, v, a, g; r, k, v = W x_*;
     w = exp(−e^{−1/2} σ(LoRA_w(x_w))) per key channel; a = σ(LoRA_a(x_a)) the in-context
     learning rate; κ̂ = L2norm_head(k ⊙ k_k); k ← k ⊙ (1 + (a − 1) ⊙ k_a); the state update in
-    the module docstring with the kernel's a = κ̂ ⊙ a, b = −κ̂; o = GroupNorm_head(Sᵀ r)
+    the module docstring (the kernel's a = −κ̂ reads, b = κ̂ ⊙ a writes); o = GroupNorm_head(Sᵀ r)
     + (Σ r ⊙ k ⊙ r_k) v per head, times g = σ(LoRA_g(x_g)), then W_o.
     Fields: head_dim (64), decay_low_rank_dim / a_low_rank_dim / gate_low_rank_dim (0 = fla's
     default max(32, round(c · √d / 32) · 32), c = 2.5, 2.5, 5), norm_eps, chunk_size, dtype,
