@@ -30,6 +30,13 @@ MIXERS = {
     # Selective SSMs (input-dependent dt, B, C): sptlib.layers.mamba.
     "mamba": "sptlib.layers.mamba:MambaMixer",
     "mamba2": "sptlib.layers.mamba:Mamba2Mixer",
+    # Linear attention / delta rule / mLSTM / RWKV-7 (matrix-valued states): sptlib.layers.linear_rnn.
+    "gla": "sptlib.layers.linear_rnn:GLAMixer",
+    "retnet": "sptlib.layers.linear_rnn:RetNetMixer",
+    "deltanet": "sptlib.layers.linear_rnn:DeltaNetMixer",
+    "gated_deltanet": "sptlib.layers.linear_rnn:GatedDeltaNetMixer",
+    "mlstm": "sptlib.layers.linear_rnn:MLSTMMixer",
+    "rwkv7": "sptlib.layers.linear_rnn:RWKV7Mixer",
     # A whole residual block with the mixer contract; backbones use it without another wrapper.
     "gss": "sptlib.layers.gss:GSSBlock",
 }

@@ -12,7 +12,8 @@ def model_config():
     """Returns the default (small) model config; experiments override sizes."""
     c = ml_collections.ConfigDict()
     # Sequence mixer of every block: attention | s4 | s4d | dss | dlr | s5 | gss | mamba | mamba2
-    # (the selective SSMs, sptlib.layers.mamba).
+    # (the selective SSMs, sptlib.layers.mamba) | gla | retnet | deltanet | gated_deltanet | mlstm
+    # | rwkv7 (linear attention, delta rules, mLSTM, RWKV-7: sptlib.layers.linear_rnn).
     c.mixer = "s4d"
     # Block pattern: uniform (n_layers blocks of `mixer`) | gss_hybrid (attention block at every
     # 4th layer starting at the 2nd, GSS elsewhere) | wide_attention (1 layer with n_layers*n_heads heads)
@@ -90,6 +91,39 @@ def model_config():
                                              chunk_size=64))
     c.mamba2 = ml_collections.ConfigDict(dict(d_state=64, expand=2, d_conv=4, head_dim=64,
                                               n_groups=1, chunk_size=64))
+    # The linear-attention family (sptlib.layers.linear_rnn; docs/models.md): n_heads heads of
+    # key width expand_k * d_model / n_heads and value width expand_v * d_model / n_heads;
+    # use_short_conv: SiLU(causal depthwise conv of width d_conv) on q, k, v (zoology's "fair
+    # comparison"); use_output_gate: SiLU(W_g x) times the per-head RMSNorm'd read-out;
+    # chunk_size of the chunked kernels (sptlib.kernels.linear_rnn).
+    # GLA: gate per key channel logsigmoid(low-rank proj of rank gate_low_rank_dim) / normaliser.
+    c.gla = ml_collections.ConfigDict(dict(n_heads=4, expand_k=0.5, expand_v=1.0,
+                                           gate_low_rank_dim=16, gate_logit_normalizer=16.0,
+                                           use_short_conv=True, d_conv=4, use_output_gate=True,
+                                           chunk_size=64))
+    # RetNet: fixed decay 1 - 2^(-5-h) of head h (no xPos).
+    c.retnet = ml_collections.ConfigDict(dict(n_heads=8, expand_k=1.0, expand_v=2.0,
+                                              use_short_conv=True, d_conv=4,
+                                              use_output_gate=True, chunk_size=64))
+    # DeltaNet: the delta rule, beta = sigmoid(proj) per head, L2-normalised q and k.
+    c.deltanet = ml_collections.ConfigDict(dict(n_heads=4, expand_k=1.0, expand_v=1.0,
+                                                use_short_conv=True, d_conv=4,
+                                                use_output_gate=False, chunk_size=64))
+    # Gated DeltaNet: the delta rule with Mamba-2's decay per head (A_log, dt_bias: the "ssm"
+    # group); allow_neg_eigval doubles beta (transition eigenvalues in [-1, 1]).
+    c.gated_deltanet = ml_collections.ConfigDict(dict(n_heads=4, expand_k=0.75, expand_v=1.5,
+                                                      use_short_conv=True, d_conv=4,
+                                                      use_output_gate=True,
+                                                      allow_neg_eigval=False, chunk_size=64))
+    # mLSTM (xLSTM): up-projection by expand, n_heads heads of d_inner / n_heads, the short
+    # convolution on the q/k branch, exponential input and sigmoid forget gates per head.
+    c.mlstm = ml_collections.ConfigDict(dict(n_heads=4, expand=2.0, use_short_conv=True,
+                                             d_conv=4, chunk_size=64))
+    # RWKV-7: heads of head_dim (must divide d_model), token shift, low-rank decay / in-context
+    # learning rate / gate of ranks *_low_rank_dim (0 = fla's default from d_model).
+    c.rwkv7 = ml_collections.ConfigDict(dict(head_dim=64, decay_low_rank_dim=0,
+                                             a_low_rank_dim=0, gate_low_rank_dim=0,
+                                             chunk_size=64))
     return c
 
 
