@@ -31,6 +31,8 @@ MIXERS = textwrap.dedent('''
         def __call__(self, x, *, mask=None, deterministic=True):
             gate = self.param("gate", ssm_param(nn.initializers.ones, ("embed",)),
                               (self.d_model,))
+            if mask is not None:  # what the padding holds never reaches a real position
+                x = jnp.where(mask[..., None], x, 0.0)
             if self.causal:
                 y = jnp.cumsum(x, 1) / jnp.arange(1, x.shape[1] + 1)[None, :, None]
             else:
