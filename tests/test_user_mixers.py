@@ -157,6 +157,8 @@ def test_leak_is_found_by_perturbing_later_positions():
         offset: int = 1
 
         def __call__(self, x, *, mask=None, deterministic=True):
+            if mask is not None:  # padding invariance: what the padding holds never shows
+                x = jnp.where(mask[..., None], x, 0.0)
             pad = jnp.zeros_like(x[:, :abs(self.offset)])  # y[i] = x[i + offset], 0 outside
             if self.offset > 0:
                 return jnp.concatenate([x[:, self.offset:], pad], axis=1)

@@ -32,6 +32,8 @@ MIXERS = {
     "mamba2": "sptlib.layers.mamba:Mamba2Mixer",
     # A whole residual block with the mixer contract; backbones use it without another wrapper.
     "gss": "sptlib.layers.gss:GSSBlock",
+    # Implicit long convolutions, gated (Poli et al. 2023): sptlib.layers.hyena.
+    "hyena": "sptlib.layers.hyena:HyenaMixer",
 }
 
 
