@@ -36,7 +36,6 @@ import math
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from sptlib.kernels import conv
