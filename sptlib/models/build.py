@@ -132,6 +132,18 @@ def _check_options(name, opts, key):
                               f"{', '.join(sorted(fields))})")
 
 
+def pattern_unit(spec, key="config.model.layers"):
+    """The layers of one repeat of a pattern string: `"s4d*2,attention"` ->
+    `[("s4d", {}), ("s4d", {}), ("attention", {})]` (names not checked here)."""
+    unit = []
+    for token in _split_top(spec):
+        if not token.strip():
+            raise ConfigError(f"{key}={spec!r}: an empty entry (write e.g. 's4d*3,attention')")
+        name, opts, times = _parse_token(token, key)
+        unit += [(name, opts)] * times
+    return unit
+
+
 def _layer_list(model_cfg):
     """`config.model.layers` -> `[(name, per-layer options), ...]` of length n_layers.
 
@@ -143,13 +155,7 @@ def _layer_list(model_cfg):
     spec = c.layers
     n = int(c.n_layers)
     if isinstance(spec, str):
-        unit = []
-        for token in _split_top(spec):
-            if not token.strip():
-                raise ConfigError(f"{key}={spec!r}: an empty entry (write e.g. "
-                                  f"'s4d*3,attention')")
-            name, opts, times = _parse_token(token, key)
-            unit += [(name, opts)] * times
+        unit = pattern_unit(spec)
         if n % len(unit):
             raise ConfigError(f"{key}={spec!r} is a unit of {len(unit)} layers, which does not "
                               f"divide config.model.n_layers={n}")
