@@ -35,10 +35,10 @@ def test_every_registered_mixer_conforms(name, causal):
     contract.check_mixer(get_mixer(name), name, WIDTH, causal, _options(name))
 
 
-@pytest.mark.parametrize("name", ["s4d", "attention"])
-def test_a_fast_pair_conforms(name):
-    """The default suite's sample of the sweep above: one SSM, attention, causal."""
-    contract.check_mixer(get_mixer(name), name, WIDTH, True, _options(name))
+def test_s4d_conforms():
+    """The default suite's sample of the sweep above (causal S4D: every rule runs; ~10 s idle,
+    28 s for attention on the loaded 2-core machine, so the rest is in the slow sweep)."""
+    contract.check_mixer(get_mixer("s4d"), "s4d", WIDTH, True, _options("s4d"))
 
 
 # -- user mixers that break one rule each --------------------------------------------------------
