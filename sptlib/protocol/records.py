@@ -105,8 +105,10 @@ def _state_size(config):
     """(elements, bytes) of the model's recurrent state per sequence at the task's length
     (`sptlib.models.build.model_state_size`, float32 bytes), or (None, None) where a mixer
     declares none (a user's without `state_elements` / `initial_state`)."""
-    from sptlib import data as data_lib  # deferred: reading records needs no JAX otherwise
-    from sptlib.models import build, resolve_model_config
+    # Deferred: the mixers' modules (Flax, JAX) load only when a record is made; reading
+    # records (`load_results`, `group`) stays JAX-free.
+    from sptlib import data as data_lib  # deferred (see above)
+    from sptlib.models import build, resolve_model_config  # deferred (see above)
     try:
         m = resolve_model_config(config.model, data_lib.task_info(config.data), "cpu")
         size = build.model_state_size(m, length=int(m.max_length))
