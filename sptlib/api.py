@@ -43,7 +43,9 @@ __all__ = ["MIXERS", "get_mixer", "check_mixer", "ssm_param", "param_labels", "m
 
 def check_mixer(cls, *, d_model: int = 16, causal: bool = False, options=()) -> None:
     """Raises `sptlib.errors.ConfigError` naming the broken rule if `cls` breaks the mixer
-    contract (shape, mask/deterministic arguments, `causal` attribute, no future leak)."""
+    contract (shape, mask/deterministic arguments, `causal` attribute, no future leak) or a
+    conformance rule (padding invariance, finite gradients and a declared float64 reference's,
+    step = parallel, declared state size, bfloat16 finite at length 2048; docs/api.md)."""
     try:
         _check_mixer(cls, getattr(cls, "__name__", str(cls)), int(d_model), bool(causal),
                      tuple(sorted(dict(options).items())))

@@ -31,6 +31,8 @@ MIXERS = textwrap.dedent('''
         def __call__(self, x, *, mask=None, deterministic=True):
             gate = self.param("gate", ssm_param(nn.initializers.ones, ("embed",)),
                               (self.d_model,))
+            if mask is not None:  # what the padding holds never reaches a real position
+                x = jnp.where(mask[..., None], x, 0.0)
             if self.causal:
                 y = jnp.cumsum(x, 1) / jnp.arange(1, x.shape[1] + 1)[None, :, None]
             else:
@@ -155,6 +157,8 @@ def test_leak_is_found_by_perturbing_later_positions():
         offset: int = 1
 
         def __call__(self, x, *, mask=None, deterministic=True):
+            if mask is not None:  # padding invariance: what the padding holds never shows
+                x = jnp.where(mask[..., None], x, 0.0)
             pad = jnp.zeros_like(x[:, :abs(self.offset)])  # y[i] = x[i + offset], 0 outside
             if self.offset > 0:
                 return jnp.concatenate([x[:, self.offset:], pad], axis=1)

@@ -15,6 +15,10 @@ def tiny(config, *, steps: int = 2, d_model: int = 16, n_layers: int = 1,
         config.mesh.update(data=-1, fsdp=1, tensor=1)
         m = config.model
         m.d_model, m.n_layers = d_model, max(n_layers, 2 if m.pattern == "gss_hybrid" else 1)
+        layers = m.get("layers")
+        if layers:  # a free hybrid stack: one repeat of its pattern (or its whole list)
+            from sptlib.models import build  # deferred: configs stay JAX-free until used
+            m.n_layers = len(build.pattern_unit(layers) if isinstance(layers, str) else layers)
         m.attention.n_heads = min(m.attention.n_heads, 2)
         m.attention.window = min(m.attention.window, max_length // 2) if m.attention.window else 0
         m.attention.chunk_size = min(m.attention.chunk_size, max_length)

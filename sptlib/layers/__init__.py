@@ -39,6 +39,8 @@ MIXERS = {
     "rwkv7": "sptlib.layers.linear_rnn:RWKV7Mixer",
     # A whole residual block with the mixer contract; backbones use it without another wrapper.
     "gss": "sptlib.layers.gss:GSSBlock",
+    # Implicit long convolutions, gated (Poli et al. 2023): sptlib.layers.hyena.
+    "hyena": "sptlib.layers.hyena:HyenaMixer",
 }
 
 

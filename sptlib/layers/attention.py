@@ -171,6 +171,14 @@ class MultiHeadAttention(nn.Module):
         return dict(key=jnp.zeros(shape, self.dtype), value=jnp.zeros(shape, self.dtype),
                     index=jnp.zeros((), jnp.int32))
 
+    def state_elements(self, max_length=None):
+        """KV cache per sequence at `max_length` positions: 2 x heads x head_dim x max_length
+        (`sptlib.layers.state`; the shared position counter is not per sequence)."""
+        if not max_length:
+            raise ValueError("attention's state is its KV cache: state_elements needs max_length "
+                             "(the sequence length)")
+        return 2 * self.n_heads * self._head_dim * int(max_length)
+
     def step(self, x_t, state):
         """One decoding step: x_t `[batch, d_model]` at position `state['index']` -> (y_t, state).
 

@@ -106,6 +106,11 @@ class GSSBlock(nn.Module):
         self._require_causal()
         return {"x": jnp.zeros((batch_size, self._h, self.d_state), jnp.complex64)}
 
+    def state_elements(self, max_length=None):
+        """Real numbers of the DSS state per sequence: H x N complex (`sptlib.layers.state`)."""
+        del max_length
+        return 2 * self._h * self.d_state
+
     def step(self, x_t, state):
         """x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""
         self._require_causal()

@@ -205,6 +205,12 @@ class MambaMixer(_Selective):
         return {"conv": jnp.zeros((batch_size, self.d_conv - 1, self.d_inner), jnp.float32),
                 "ssm": jnp.zeros((batch_size, self.d_inner, self.d_state), jnp.float32)}
 
+    def state_elements(self, max_length=None):
+        """Per sequence: the short convolution's last d_conv-1 inputs `[d_conv-1, d_inner]` and
+        the SSM state `[d_inner, N]` (`sptlib.layers.state`); independent of the length."""
+        del max_length
+        return (self.d_conv - 1) * self.d_inner + self.d_inner * self.d_state
+
     def step(self, x_t, state):
         """One recurrent step: x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""
         self._require_causal()
@@ -309,6 +315,12 @@ class Mamba2Mixer(_Selective):
         return {"conv": jnp.zeros((batch_size, self.d_conv - 1, self.conv_dim), jnp.float32),
                 "ssm": jnp.zeros((batch_size, self.n_heads, self.head_dim, self.d_state),
                                  jnp.float32)}
+
+    def state_elements(self, max_length=None):
+        """Per sequence: the short convolution's window `[d_conv-1, conv_dim]` and the SSD state
+        `[H, P, N]` (`sptlib.layers.state`); independent of the length."""
+        del max_length
+        return (self.d_conv - 1) * self.conv_dim + self.n_heads * self.head_dim * self.d_state
 
     def step(self, x_t, state):
         """One recurrent step: x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""

@@ -46,6 +46,10 @@ class S4DMixer(ConvSSM):
     discretization: str = "zoh"
     n_ssm: int = 0  # tied copies of (A, B) (state-spaces/s4); 0 = one per channel
 
+    @property
+    def state_modes(self):
+        return self.d_state // 2  # conjugate pairs: one of each is kept
+
     def _kernel_module(self, **common):
         return S4DKernel(init_kind=self.init_kind, discretization=self.discretization,
                          n_ssm=self.n_ssm, **common)
@@ -59,6 +63,14 @@ class DSSMixer(ConvSSM):
     """
     version: str = "exp"
     init_kind: str = "legs"
+
+    @property
+    def state_modes(self):
+        return self.d_state
+
+    @property
+    def _carries_c(self):
+        return self.version == "softmax"
 
     def _kernel_module(self, **common):
         return DSSKernel(version=self.version, init_kind=self.init_kind, **common)
@@ -74,6 +86,10 @@ class DLRMixer(ConvSSM):
     c_in_ssm_group: bool = False
     theta_init: str = "uniform"  # uniform | omega (the paper code's init; DLRKernel)
 
+    @property
+    def state_modes(self):
+        return self.d_state
+
     def _kernel_module(self, **common):
         return DLRKernel(c_in_ssm_group=self.c_in_ssm_group, theta_init=self.theta_init,
                          **common)
@@ -87,6 +103,14 @@ class S4Mixer(ConvSSM):
     of (A, P, B) (state-spaces/s4), 0 = one per channel.
     """
     n_ssm: int = 0
+
+    @property
+    def state_modes(self):
+        return self.d_state
+
+    @property
+    def _carries_c(self):
+        return True  # its output matrix depends on the length
 
     def _kernel_module(self, **common):
         return S4Kernel(n_ssm=self.n_ssm, **common)
@@ -114,6 +138,11 @@ class S5Mixer(SSMBlock):
 
     def _kernel_module(self, **common):
         return S5System(discretization=self.discretization, init_kind=self.init_kind, **common)
+
+    def state_elements(self, max_length=None):
+        """One MIMO state of d_state / 2 complex modes (conjugate pairs) per sequence."""
+        del max_length
+        return self.d_state
 
     def _ssm(self, x):
         dlam, db = self.ssm.discrete()

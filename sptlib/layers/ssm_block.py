@@ -98,6 +98,20 @@ class SSMBlock(nn.Module):
         self._require_causal()
         return self._init_ssm_state(batch_size, max_length)
 
+    # Complex modes of the recurrent state per channel (ConvSSM) or in all (S5): per mixer.
+    state_modes = None
+
+    def state_elements(self, max_length=None):
+        """Real numbers of the recurrent state per sequence (`sptlib.layers.state`): the complex
+        state, plus the output matrix C where it depends on the length (S4, DSS-softmax: the state
+        carries it). Independent of `max_length`."""
+        del max_length
+        return 2 * self.d_model * self.state_modes * (2 if self._carries_c else 1)
+
+    @property
+    def _carries_c(self):
+        return False
+
     def step(self, x_t, state):
         """One recurrent step: x_t `[batch, d_model]` -> (y_t `[batch, d_model]`, state)."""
         self._require_causal()

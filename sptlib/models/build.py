@@ -4,6 +4,8 @@ The module's top-level parameter collections are exactly `encoder`, `backbone` a
 finetuning can load everything but `head`.
 """
 
+import ast
+import difflib
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -12,7 +14,8 @@ import ml_collections
 
 from sptlib import layers
 from sptlib.errors import ConfigError
-from sptlib.layers import contract, get_mixer, initializers
+from sptlib.layers import MIXERS, contract, get_mixer, initializers
+from sptlib.layers import state as state_lib
 from sptlib.layers.blocks import BlockConfig
 from sptlib.models.backbone import Backbone
 from sptlib.models.bow import BagOfWords
@@ -60,15 +63,127 @@ def block_config(model_cfg) -> BlockConfig:
                        dtype=compute_dtype(c),
                        init_scheme=c.init_scheme,
                        gelu_approximate=c.gelu_approximate,
-                       tie_dropout=c.tie_dropout)
+                       tie_dropout=c.tie_dropout,
+                       ffn=c.get("ffn", "gelu"))
+
+
+def _split_top(text):
+    """`text` split at the commas outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def _value(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare word: a string option (e.g. impl=local)
+
+
+def _parse_token(token, key):
+    """`name`, `name*k` or `name(opt=value, ...)*k` -> (name, {opt: value}, k)."""
+    body, times = token.strip(), 1
+    if "*" in body.rsplit(")", 1)[-1]:
+        body, _, count = body.rpartition("*")
+        if not count.strip().isdigit() or int(count) < 1:
+            raise ConfigError(f"{key}: {token.strip()!r}: the repeat count after '*' must be a "
+                              f"positive integer")
+        times = int(count)
+    body = body.strip()
+    opts = {}
+    if body.endswith(")") and "(" in body:
+        body, _, args = body[:-1].partition("(")
+        for item in filter(str.strip, _split_top(args)):
+            k, eq, v = item.partition("=")
+            if not eq or not k.strip().isidentifier():
+                raise ConfigError(f"{key}: {token.strip()!r}: options are written "
+                                  f"name(option=value, ...), got {item.strip()!r}")
+            opts[k.strip()] = _value(v.strip())
+    return body.strip(), opts, times
+
+
+def _check_layer_mixer(name, key):
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key}: a layer's mixer must be a name, got {name!r}")
+    if layers.is_user_mixer(name) or name in MIXERS:
+        layers.check_mixer_name(name, key)
+        return
+    close = difflib.get_close_matches(name, sorted(MIXERS), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"{key}: unknown mixer {name!r} ({hint}valid: {', '.join(sorted(MIXERS))}, "
+                      f"or an import path 'package.module:Class')")
+
+
+def _check_options(name, opts, key):
+    """Every per-layer option is a constructor field of the mixer (zoo mixers; a user's class
+    is checked by its contract)."""
+    fields = set(getattr(get_mixer(name), "__dataclass_fields__", {})) - {
+        "parent", "name", "d_model", "causal", "dropout"}
+    for k in opts:
+        if k not in fields:
+            close = difflib.get_close_matches(k, sorted(fields), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"{key}: mixer {name!r} takes no option {k!r} ({hint}its options: "
+                              f"{', '.join(sorted(fields))})")
+
+
+def pattern_unit(spec, key="config.model.layers"):
+    """The layers of one repeat of a pattern string: `"s4d*2,attention"` ->
+    `[("s4d", {}), ("s4d", {}), ("attention", {})]` (names not checked here)."""
+    unit = []
+    for token in _split_top(spec):
+        if not token.strip():
+            raise ConfigError(f"{key}={spec!r}: an empty entry (write e.g. 's4d*3,attention')")
+        name, opts, times = _parse_token(token, key)
+        unit += [(name, opts)] * times
+    return unit
+
+
+def _layer_list(model_cfg):
+    """`config.model.layers` -> `[(name, per-layer options), ...]` of length n_layers.
+
+    A string is a pattern, `"gated_deltanet*3,attention"` (per-layer options as
+    `attention(n_heads=8)`), repeated to `n_layers` (its length must divide it); a list/tuple
+    gives every layer, each a name or a mapping `{"mixer": name, **options}`.
+    """
+    c, key = model_cfg, "config.model.layers"
+    spec = c.layers
+    n = int(c.n_layers)
+    if isinstance(spec, str):
+        unit = pattern_unit(spec)
+        if n % len(unit):
+            raise ConfigError(f"{key}={spec!r} is a unit of {len(unit)} layers, which does not "
+                              f"divide config.model.n_layers={n}")
+        entries = unit * (n // len(unit))
+    else:
+        entries = []
+        for item in spec:
+            item = _as_dict(item) if not isinstance(item, str) else {"mixer": item}
+            opts = dict(item)
+            entries.append((opts.pop("mixer", None), opts))
+        if len(entries) != n:
+            raise ConfigError(f"{key}: a list of {len(entries)} layers, but "
+                              f"config.model.n_layers={n} (a list gives every layer; a pattern "
+                              f"string repeats)")
+    for i, (name, opts) in enumerate(entries):
+        _check_layer_mixer(name, f"{key} (layer {i})")
+        _check_options(name, opts, f"{key} (layer {i})")
+    return entries
 
 
 def layer_specs(model_cfg):
-    """`((mixer, options), ...)`, one per layer, for `model_cfg.pattern`.
+    """`((mixer, options), ...)`, one per layer, for `model_cfg.layers` or `model_cfg.pattern`.
 
-    gss_hybrid puts an attention block at layers 1, 5, 9, … (every 4th starting at the 2nd; GSS
-    paper) and GSS blocks elsewhere; wide_attention is one attention block with
-    `n_layers · n_heads` heads of the deep model's head width.
+    `layers` (a free hybrid stack; `_layer_list`) takes each mixer's options from
+    `config.model.<mixer>` with the layer's own on top. Patterns: gss_hybrid puts an attention
+    block at layers 1, 5, 9, … (every 4th starting at the 2nd; GSS paper) and GSS blocks
+    elsewhere (= `layers="gss,attention,gss,gss"` where 4 divides n_layers); wide_attention is
+    one attention block with `n_layers · n_heads` heads of the deep model's head width.
     """
     c = model_cfg
     dtype = compute_dtype(c)
@@ -76,6 +191,13 @@ def layer_specs(model_cfg):
                      init_scheme=c.init_scheme)
     options = lambda name: attention if name == "attention" else _with_dtype(
         name, _as_dict(c.get(name)), dtype, c.init_scheme)
+    if c.get("layers"):
+        if c.pattern != "uniform":
+            raise ConfigError(f"config.model.layers={c.layers!r} and "
+                              f"config.model.pattern={c.pattern!r}: set one (layers replaces "
+                              f"the pattern; leave pattern='uniform')")
+        return tuple((name, _freeze(dict(options(name), **opts)))
+                     for name, opts in _layer_list(c))
     if c.pattern == "uniform":
         return ((c.mixer, _freeze(options(c.mixer))),) * c.n_layers
     if c.pattern == "gss_hybrid":
@@ -133,13 +255,30 @@ def check_mixer(model_cfg) -> None:
     `ConfigError` naming the broken rule. The trainer's preflight calls it before any step."""
     c = model_cfg
     try:
-        layers.check_mixer_name(c.mixer)
-        if layers.is_user_mixer(c.mixer):
-            for name, options in set(layer_specs(c)):
+        if not c.get("layers"):
+            layers.check_mixer_name(c.mixer)
+        for name, options in sorted(set(layer_specs(c)), key=repr):
+            if layers.is_user_mixer(name):
                 contract.check_mixer(get_mixer(name), name, int(c.d_model), bool(c.causal),
                                      options)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def model_state_size(model_cfg, length=None, dtype=jnp.float32) -> state_lib.StateSize:
+    """Recurrent state per sequence of the whole backbone at sequence `length`: the sum over
+    `layer_specs(model_cfg)` of `sptlib.layers.state.state_size` of each layer's mixer, built
+    causal (the decoding state; a bidirectional model runs the same recurrence once per
+    direction). `bytes` at `dtype`. Raises ValueError for a mixer that declares no state."""
+    c = model_cfg if isinstance(model_cfg, ml_collections.ConfigDict) else \
+        ml_collections.ConfigDict(model_cfg)
+    total = state_lib.StateSize(0, 0)
+    if c.pattern == "bow":
+        return total
+    for name, options in layer_specs(c):
+        total = total + state_lib.state_size(name, d_model=int(c.d_model), causal=True,
+                                             options=options, length=length, dtype=dtype)
+    return total
 
 
 def build_model(model_cfg, head_cfg: Mapping[str, Any]):

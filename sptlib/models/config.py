@@ -13,12 +13,19 @@ def model_config():
     c = ml_collections.ConfigDict()
     # Sequence mixer of every block: attention | s4 | s4d | dss | dlr | s5 | gss | mamba | mamba2
     # (the selective SSMs, sptlib.layers.mamba) | gla | retnet | deltanet | gated_deltanet | mlstm
-    # | rwkv7 (linear attention, delta rules, mLSTM, RWKV-7: sptlib.layers.linear_rnn).
+    # | rwkv7 (linear attention, delta rules, mLSTM, RWKV-7: sptlib.layers.linear_rnn) | hyena
+    # (sptlib.layers.hyena).
     c.mixer = "s4d"
     # Block pattern: uniform (n_layers blocks of `mixer`) | gss_hybrid (attention block at every
     # 4th layer starting at the 2nd, GSS elsewhere) | wide_attention (1 layer with n_layers*n_heads heads)
     # | bow (the bag-of-words control: encoder -> mean pooling -> MLP head, no mixer; sptlib.models.bow).
     c.pattern = "uniform"
+    # A free hybrid stack (replaces `pattern`, which then stays uniform): a pattern over mixer
+    # names repeated to n_layers, its length dividing n_layers, e.g. "gated_deltanet*3,attention"
+    # or "s4d,attention(n_heads=8)" (per-layer options in parentheses, on top of
+    # config.model.<mixer>); a list of n_layers names / {"mixer": name, **options} is taken too
+    # where the config is built with one. "" = every layer is `mixer` (by `pattern`).
+    c.layers = ""
     # Model width (features) and depth.
     c.d_model = 64
     c.n_layers = 2
@@ -26,11 +33,15 @@ def model_config():
     c.causal = False
     # Dropout inside blocks.
     c.dropout = 0.0
-    # Normalisation: layer | batch; pre-norm (True) or post-norm (False) residual blocks.
+    # Normalisation: layer | batch | rms (RMSNorm, a learned scale and no bias: the modern
+    # recipe); pre-norm (True) or post-norm (False) residual blocks.
     c.norm = "layer"
     c.prenorm = True
     # Feed-forward width multiplier (0 disables the FFN sub-block, as in S4 blocks).
     c.ffn_mult = 2
+    # Feed-forward kind: gelu (Dense -> GELU -> Dense) | swiglu (SiLU(x W_gate) * (x W_up) ->
+    # W_down, Shazeer 2020; hidden width ffn_mult * d_model, so 1.5x gelu's parameters).
+    c.ffn = "gelu"
     # Input encoder: token (embedding of ids; vocab includes <pad>=0 and <mask>=1) | linear
     # (continuous inputs [batch, length, d_input], plus one mask-indicator channel if mask_channel).
     c.encoder = "token"
@@ -124,6 +135,11 @@ def model_config():
     c.rwkv7 = ml_collections.ConfigDict(dict(head_dim=64, decay_low_rank_dim=0,
                                              a_low_rank_dim=0, gate_low_rank_dim=0,
                                              chunk_size=64))
+    # Hyena: order N gated long convolutions, implicit filters = an FFN of filter_order of
+    # emb_dim positional features with an exponential-decay window; short_kernel-wide causal
+    # depthwise conv on the projections (sptlib.layers.hyena).
+    c.hyena = ml_collections.ConfigDict(dict(order=2, filter_order=64, emb_dim=33,
+                                             short_kernel=3))
     return c
 
 

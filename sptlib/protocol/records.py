@@ -108,8 +108,26 @@ def make_record(spec, summary: RunResults | None, *, status: str, error: str = "
     rec["test_accuracy_last"] = st.metric("test", "last", "accuracy")
     rec["curve"] = _curve(st)
     rec["pretrain_steps"] = sum(int(rec["stages"][n]["steps"] or 0) for n in order[:-1])
+    rec["state_elements"], rec["state_bytes"] = _state_size(spec.config)
     rec["wall_time_s"] = total_wall if total_wall else wall_time_s
     return rec
+
+
+def _state_size(config):
+    """(elements, bytes) of the model's recurrent state per sequence at the task's length
+    (`sptlib.models.build.model_state_size`, float32 bytes), or (None, None) where a mixer
+    declares none (a user's without `state_elements` / `initial_state`)."""
+    # Deferred: the mixers' modules (Flax, JAX) load only when a record is made; reading
+    # records (`load_results`, `group`) stays JAX-free.
+    from sptlib import data as data_lib  # deferred (see above)
+    from sptlib.models import build, resolve_model_config  # deferred (see above)
+    try:
+        m = resolve_model_config(config.model, data_lib.task_info(config.data), "cpu")
+        size = build.model_state_size(m, length=int(m.max_length))
+    except Exception as e:  # pylint: disable=broad-except  (a record never fails for it)
+        logging.warning("state size of %s unknown (%s)", config.model.get("mixer"), e)
+        return None, None
+    return size.elements, size.bytes
 
 
 def finished(records) -> list[dict]:

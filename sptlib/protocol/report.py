@@ -118,10 +118,12 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
             lines += [f"{h} Gap between models under each regime (points)", "",
                       "| regime | models | gap |", "|---|---|---|"] + gap_rows + [""]
 
-        # Compute: steps, training FLOPs (steps x the traced step's FLOPs) and wall time.
+        # Compute: steps, parameters, recurrent state per sequence (attention: its KV cache at
+        # the task's length), training FLOPs (steps x the traced step's FLOPs) and wall time.
         lines += [f"{h} Compute per run (mean over seeds)", "",
-                  "| model | regime | stages (steps) | train FLOPs | wall time |",
-                  "|---|---|---|---|---|"]
+                  "| model | regime | stages (steps) | parameters | state / sequence | "
+                  "train FLOPs | wall time |",
+                  "|---|---|---|---|---|---|---|"]
         for m in models:
             for g in regimes:
                 rs = [r for r in ok if r["model"] == m and r["regime"] == g
@@ -133,7 +135,8 @@ def markdown(records, title: str = "Comparison", confidence: float = 0.95) -> st
                     f"{s} {int(np.mean([r['stages'][s].get('steps') or 0 for r in rs]))}"
                     for s in stage_names)
                 wall = np.mean([r.get("wall_time_s") or 0.0 for r in rs])
-                lines.append(f"| {m} | {g} | {st} | {_flops(rs)} | {_duration(wall)} |")
+                lines.append(f"| {m} | {g} | {st} | {_params(rs)} | {_state(rs[0])} | "
+                             f"{_flops(rs)} | {_duration(wall)} |")
         lines.append("")
 
         # Length generalisation.
@@ -172,6 +175,24 @@ def _signed(d: stats.Interval, scale: float) -> str:
     if math.isnan(d.half_width):
         return f"{d.mean * scale:+.1f}"
     return f"{d.mean * scale:+.1f} ± {d.half_width * scale:.1f}"
+
+
+def _params(rs) -> str:
+    """Parameters of the last (classification) stage's model ('–' if unknown)."""
+    last = list(rs[0].get("stages", {}))[-1:]
+    n = rs[0]["stages"][last[0]].get("num_params") if last else None
+    return f"{n / 1e6:.3g}M" if n else "–"
+
+
+def _state(rec) -> str:
+    """Recurrent state per sequence: real numbers and float32 bytes ('–' if unknown)."""
+    elements, nbytes = rec.get("state_elements"), rec.get("state_bytes")
+    if elements is None or nbytes is None:
+        return "–"
+    for unit, size in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= size:
+            return f"{elements:,} ({nbytes / size:.1f} {unit})"
+    return f"{elements:,} ({nbytes} B)"
 
 
 def _flops(rs) -> str:

@@ -114,6 +114,8 @@ def peak_learning_rates(cfg) -> dict:
 
 
 def _uses_attention(m):
+    if m.get("layers"):  # a free hybrid stack: its layer list says
+        return any(name == "attention" for name, _ in models.layer_specs(m))
     return m.mixer == "attention" or m.pattern in ("gss_hybrid", "wide_attention")
 
 

@@ -146,8 +146,12 @@ def plan_load(step_dir, targets: dict, dont_load: Sequence[str]):
                 plan.setdefault(coll, {})[path] = tflat[path]
     if mismatches:
         mismatches.sort()
+        # A hybrid stack loads only into the same layer list: name the first layer that differs.
+        layer = re.match(r"backbone/layer_(\d+)/block/", mismatches[0][0])
+        where = (f"layer {layer.group(1)} of the backbone differs (a hybrid stack loads only "
+                 f"into the same config.model.layers): " if layer else "")
         raise IncompatibleCheckpointError(
-            f"Checkpoint {step_dir} does not fit the model: {mismatches[0][1]} "
+            f"Checkpoint {step_dir} does not fit the model: {where}{mismatches[0][1]} "
             f"({len(mismatches)} mismatched parameter(s) in all; check d_model / n_layers / "
             f"mixer against the stage that wrote it, or add a dont_load pattern).")
     return plan, report
