@@ -18,7 +18,8 @@ from sptlib.models.config import model_config
 
 WIDTH = 16
 # Options that fit WIDTH (defaults sized for d_model >= 64 where they would not).
-SMALL = {"mamba2": {"head_dim": 16}, "dlr": {"d_state": 64}, "gss": {"d_state": 64}}
+SMALL = {"mamba2": {"head_dim": 16}, "dlr": {"d_state": 64}, "gss": {"d_state": 64},
+         "rwkv7": {"head_dim": 8}}
 
 
 def _options(name):
