@@ -312,6 +312,22 @@ def delta_rule_reference(q, k, v, beta, log_alpha=None, *, initial_state=None):
     return _scan_time(delta_rule_step, [q, k, v, beta, log_alpha], s0)
 
 
+def _unit_lower_solve(m, rhs):
+    """(I - m)^-1 rhs for strictly lower-triangular m `[..., c, c]`, rhs `[..., c, n]`.
+
+    m is nilpotent (m^c = 0), so (I - m)^-1 = sum_k m^k = prod_j (I + m^(2^j)) over the
+    ceil(log2 c) squarings: matmuls only (the MXU's work on TPU), no sequential substitution.
+    It replaces `lax.linalg.triangular_solve`, whose gradient deadlocked XLA:CPU (jax 0.10.2)
+    on its second execution at batch 16, one head of 64, L 128 (the RWKV-7 probe run hung).
+    """
+    x = rhs + _mm(m, rhs)
+    p = m
+    for _ in range(max(0, math.ceil(math.log2(m.shape[-1])) - 1)):
+        p = _mm(p, p)
+        x = x + _mm(p, x)
+    return x
+
+
 def delta_rule(q, k, v, beta, log_alpha=None, *, chunk_size=64, initial_state=None):
     """The delta rule (DeltaNet) and the gated delta rule (Gated DeltaNet), chunkwise parallel:
     S_t = α_t (I - β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t.
@@ -358,8 +374,7 @@ def delta_rule(q, k, v, beta, log_alpha=None, *, chunk_size=64, initial_state=No
     kk = jnp.einsum("...td,...jd->...tj", kc, kc)
     lower = jnp.where(_tril(c, strict=True), bc[..., :, None] * kk * gam, 0.0)
     rhs = bc[..., None] * jnp.concatenate([jnp.exp(cum)[..., None] * kc, vc], axis=-1)
-    wu = jax.lax.linalg.triangular_solve(jnp.eye(c, dtype=dt) + lower, rhs, left_side=True,
-                                         lower=True, unit_diagonal=True)
+    wu = _unit_lower_solve(-lower, rhs)
     w, u0 = wu[..., :dk], wu[..., dk:]
     k_out = kc * jnp.exp(cum[..., -1:] - cum)[..., None]
     decay = jnp.exp(cum[..., -1])  # [b, h, n]
@@ -454,8 +469,7 @@ def rwkv7(r, k, v, log_w, a, b, *, chunk_size=64, initial_state=None):
     l_ab = _decayed_scores(ac, bc, cum_x, cum, strict=True)
     l_ak = _decayed_scores(ac, kc, cum_x, cum, strict=True)
     rhs = jnp.concatenate([ac * jnp.exp(cum_x), _mm(l_ak, vc)], axis=-1)
-    wu = jax.lax.linalg.triangular_solve(jnp.eye(c, dtype=dt) - l_ab, rhs, left_side=True,
-                                         lower=True, unit_diagonal=True)
+    wu = _unit_lower_solve(l_ab, rhs)
     w, u0 = wu[..., :dk], wu[..., dk:]
     out = jnp.exp(cum[..., -1:, :] - cum)
     b_out, k_out = bc * out, kc * out
