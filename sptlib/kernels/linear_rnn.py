@@ -23,7 +23,8 @@ true value underflows). Per-key-dimension decays use secondary chunking (`_decay
 between sub-chunks the factors are split at a reference point between the two sub-chunks
 (both factors <= 1, so again no overflow), inside a sub-chunk the pairwise difference is formed
 directly. The delta rules resolve the intra-chunk dependence with the UT / WY representation
-(one unit-lower-triangular solve per chunk); a `lax.scan` over chunks carries the state.
+(one unit-lower-triangular inverse per chunk, as log2(chunk) doubling matmuls); a `lax.scan`
+over chunks carries the state.
 
 Every function returns `(o, final_state)` with `o` float32 `[batch, length, heads, d_v]`
 (float64 when the inputs are float64; bfloat16 inputs are computed in float32), takes
@@ -339,8 +340,8 @@ def delta_rule(q, k, v, beta, log_alpha=None, *, chunk_size=64, initial_state=No
         (I + L) U = diag(β) (V - diag(e^B) K S_0),  L = strictly_lower(diag(β) (K Kᵀ ⊙ Γ)),
         Γ_tj = exp(B_t - B_j),
 
-    so with T = (I + L)⁻¹ diag(β) (one unit-lower-triangular solve per chunk, in parallel over
-    chunks), W = T diag(e^B) K and U' = T V: U = U' - W S_0, then
+    so with T = (I + L)⁻¹ diag(β) (one unit-lower-triangular inverse per chunk,
+    `_unit_lower_solve`, in parallel over chunks), W = T diag(e^B) K and U' = T V: U = U' - W S_0, then
     O = diag(e^B) Q S_0 + (Q Kᵀ ⊙ Γ ⊙ M) U and S_end = e^{B_c} S_0 + (diag(e^{B_c - B}) K)ᵀ U;
     the chunk scan only does the last two matmuls and U' - W S_0.
 
@@ -445,7 +446,7 @@ def rwkv7(r, k, v, log_w, a, b, *, chunk_size=64, initial_state=None):
     Chunked by the UT form generalised to a ≠ k: with B (inclusive) and B⁻ = B - log w
     (exclusive) the cumulative log decays in a chunk, the reads u_t = a_tᵀ S_{t-1} satisfy
     (I - L_ab) U = diag(e^{B⁻}) A S_0 + L_ak V, L_xy[t, j] = Σ_d x_td y_jd e^{B⁻_td - B_jd}
-    (j < t); one unit-lower-triangular solve per chunk gives U = W S_0 + U'.
+    (j < t); one unit-lower-triangular inverse per chunk (`_unit_lower_solve`) gives U = W S_0 + U'.
 
     Args:
       r, k, log_w, a, b: `[batch, length, heads, d_k]` (log_w <= 0); v `[batch, length, heads,
