@@ -171,6 +171,8 @@ def parse_absl_flags(argv, prog: str, doc=None):
                 getattr(flags.FLAGS[name].value, "keys")
         return rest
     except flags.Error as e:
+        if isinstance(e.__cause__ or e.__context__, StopError):  # SIGTERM while loading the file
+            raise (e.__cause__ or e.__context__) from None
         text = str(e)
         where = _config_file_frame(argv, text)
         if "--config must have a value other than None" in text and _config_path(argv):
@@ -190,6 +192,8 @@ def parse_absl_flags(argv, prog: str, doc=None):
         error = ConfigError(f"--config={files[0] if files else '?'}: cannot load the config file "
                             f"({type(cause).__name__}: {cause})")
         error.__cause__ = e
+    except StopError:  # a stop request (SIGTERM) that landed while the file was imported
+        raise
     except Exception as e:  # pylint: disable=broad-except  (raised while importing the file)
         where = _config_file_frame(argv, "".join(traceback.format_exception(e)))
         if not where:

@@ -12,7 +12,7 @@ from sptlib.models.config import model_config
 from sptlib.protocol import report
 
 WIDTH = 16
-SMALL = {"mamba2": {"head_dim": 16}}
+SMALL = {"mamba2": {"head_dim": 16}, "rwkv7": {"head_dim": 8}}  # options that fit WIDTH
 
 
 def _options(name):
