@@ -56,12 +56,14 @@ def test_api_reference_has_every_public_name_with_its_docstring(site):
 
 
 def test_mixer_reference_has_every_registered_mixer(site):
-    from sptlib.layers import MIXERS
+    from sptlib.layers import MIXERS, get_mixer
     raw = (site / "reference" / "mixers.html").read_text(encoding="utf-8")
-    for path in MIXERS.values():
+    for name, path in MIXERS.items():
         anchor = path.replace(":", ".")
         assert f'id="{anchor}"' in raw, anchor
-        assert f'id="{anchor}.__call__"' in raw and f'id="{anchor}.step"' in raw, anchor
+        assert f'id="{anchor}.__call__"' in raw, anchor
+        if hasattr(get_mixer(name), "step"):  # the recurrent ones (Hyena has no step)
+            assert f'id="{anchor}.step"' in raw, anchor
 
 
 def test_every_guide_is_a_page(site):
